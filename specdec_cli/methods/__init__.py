@@ -42,6 +42,13 @@ class MethodInfo:
 METHODS: dict[str, MethodInfo] = {
     "ar": MethodInfo("ar", help="autoregressive decoding with the target alone (the baseline)"),
     "sd": MethodInfo("sd", drafts=1, help="speculative sampling with a draft model and a fixed window K (default 5)"),
+    "self-verify": MethodInfo("self_verify", drafts=1,
+                              help="HSDDW Alg. 1: entropy-bounded dynamic draft window, running threshold tau (K cap 10)"),
+    "hsddw": MethodInfo("hsddw", drafts=2, help="HSDDW Alg. 2: fast draft -> stronger draft pre-verifies -> target"),
+    "rest": MethodInfo("rest", datastore=True, help="REST: suffix-array retrieval drafts verified as a token tree"),
+    "aded": MethodInfo("aded", datastore=True, help="ADED: tri-gram matrix + MCTS draft maker, adaptive updates"),
+    "ngram-trie": MethodInfo("ngram_trie", help="N-gram trie of the prompt context (n=13, L_p=3), tree verification"),
+    "pld": MethodInfo("pld", help="prompt lookup decoding: copy the continuation of the last n-gram match (chain)"),
 }
 
 
