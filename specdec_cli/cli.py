@@ -167,7 +167,8 @@ def generate(
                 streamer.close()
             else:
                 record = {"index": i, "model": model, "method": method, "drafts": drafts,
-                          "text": api.decode(target, result.tokens), "tokens": result.tokens, **result.summary()}
+                          "text": api.decode(target, result.tokens), "tokens": result.tokens, **result.summary(),
+                          "steps": [vars(step) for step in result.steps]}
                 print(json.dumps(record), flush=True)
         if hasattr(drafter, "save_adapted") and options.get("save_adapted"):
             drafter.save_adapted(options["save_adapted"])
