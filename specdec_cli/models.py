@@ -217,6 +217,18 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": str(torch_dtype).replace("torch.", "")})
 
 
+def load_tokenizer(spec: str):
+    """Only the tokenizer of ``--model`` (no weights): enough to build a datastore for that model."""
+    from transformers import AutoTokenizer
+
+    source, _ = _find_source(spec)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SpecdecError(f"could not load the tokenizer of {spec!r} from {source}: {first}") from None
+
+
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Dynamic int8 quantization of every ``nn.Linear`` (weights int8, activations quantized on the fly; CPU)."""
     from torch.ao.quantization import quantize_dynamic

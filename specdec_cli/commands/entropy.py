@@ -1,0 +1,111 @@
+"""``specdec inspect-entropy``: entropy of accepted vs rejected draft tokens under vanilla SD (paper Figure 6).
+
+A thin layer over :mod:`specdec_cli.entropy_stats`; the CLI helpers are imported lazily from ``cli`` (which
+imports this module while it is being set up).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+
+def read_entropy_prompts(prompts: Optional[List[str]], prompts_file: Optional[str], use_stdin: bool) -> list[str]:
+    """Prompt arguments, plus one prompt per non-empty line of ``--prompts-file`` and of stdin (``--stdin``)."""
+    from ..errors import SpecdecError
+
+    out = list(prompts or [])
+    if prompts_file:
+        try:
+            with open(prompts_file, encoding="utf-8") as fh:
+                out += [line for line in fh.read().splitlines() if line.strip()]
+        except OSError as err:
+            raise SpecdecError(f"cannot read --prompts-file {prompts_file}: {err.strerror}") from None
+    if use_stdin:
+        out += [line for line in sys.stdin.read().splitlines() if line.strip()]
+    if not out:
+        raise SpecdecError("no prompts: give them as arguments, with --prompts-file FILE, or with --stdin")
+    return out
+
+
+def render_table(report: dict, meta: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Draft entropy H(q_draft) in nats -- sd, K={meta['window']}, {meta['draft']} -> {meta['model']}")
+    for col in ("tokens", "count", "mean", "median", "q1", "q3", "min", "max"):
+        table.add_column(col, justify="left" if col == "tokens" else "right")
+    for group in ("accepted", "rejected"):
+        d = report[group]
+        cells = [f"{d[k]:.3f}" if d[k] is not None else "-" for k in ("mean", "median", "q1", "q3", "min", "max")]
+        table.add_row(group, str(d["count"]), *cells)
+    console = Console()
+    console.print(table)
+    tau = report["learned_tau"]
+    if tau is None:
+        console.print("no draft token was rejected: self-verify would keep tau at its initial value")
+        return
+    console.print(f"self-verify would learn tau = {tau:.3f} (mean entropy of rejected tokens); "
+                  f"accepted with H <= tau: {report['accepted_at_or_below_tau']:.0%}, "
+                  f"rejected with H > tau: {report['rejected_above_tau']:.0%}; "
+                  f"{report['unverified']} tokens after a rejection were never judged")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("inspect-entropy")
+    def inspect_entropy(
+        prompts: Optional[List[str]] = typer.Argument(None, help="prompt texts"),
+        prompts_file: Optional[str] = typer.Option(None, "--prompts-file", help="one prompt per line"),
+        use_stdin: bool = typer.Option(False, "--stdin", help="read prompts from stdin, one per line"),
+        model: str = typer.Option("smollm2-135m", "--model", "-m", help="target model (alias, hub id or path)"),
+        draft: str = typer.Option("int8:", "--draft", "-d", help="draft model (also int8: / bf16: copies of the target)"),
+        window: int = typer.Option(5, "--window", "-k", help="fixed draft window K of the sd run"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n"),
+        temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (entropy of the draft's softmax)"),
+        seed: int = typer.Option(0, "--seed"),
+        dtype: str = typer.Option("auto", "--dtype"),
+        device: str = typer.Option("auto", "--device"),
+        threads: int = typer.Option(0, "--threads", help="torch CPU threads (0 = torch's default)"),
+        raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
+        plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG histogram here"),
+        as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
+    ) -> None:
+        """Entropy of accepted vs rejected draft tokens under vanilla SD, and the tau self-verify would learn."""
+        from ..cli import quiet_libraries, user_errors
+        from ..errors import SpecdecError
+
+        with user_errors():
+            from .. import api, entropy_stats
+
+            texts = read_entropy_prompts(prompts, prompts_file, use_stdin)
+            if window < 1:
+                raise SpecdecError(f"--window must be >= 1, got {window}")
+            if max_new_tokens < 1:
+                raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+            sampling = api.SamplingConfig(temperature).validate()
+            quiet_libraries()
+            if threads > 0:
+                import torch
+
+                torch.set_num_threads(threads)
+            target, (draft_model,) = api.load(model, [draft], dtype, device)
+            ids = [api.encode_prompt(target, t, raw=raw, max_new_tokens=max_new_tokens) for t in texts]
+            sample = entropy_stats.collect_entropies(target, draft_model, ids, window=window,
+                                                     max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+            report = entropy_stats.entropy_report(sample)
+            meta = {"model": model, "draft": draft, "window": window, "prompts": len(texts),
+                    "max_new_tokens": max_new_tokens, "temperature": temperature}
+            if plot:
+                try:
+                    entropy_stats.plot_histogram(sample, plot)
+                except OSError as err:
+                    raise SpecdecError(f"cannot write --plot {plot}: {err.strerror or err}") from None
+            if as_json:
+                print(json.dumps({**meta, **report, "plot": plot}))
+            else:
+                render_table(report, meta)
+                if plot:
+                    print(f"histogram written to {plot}")

@@ -1,0 +1,118 @@
+"""On-disk format of a suffix-array datastore (see docs/datastore-format.md): token coding, manifest, checks.
+
+Tokens are stored as fixed-width big-endian bytes so that a *byte-level* suffix array (libdivsufsort) sorts
+token-aligned suffixes in token order: big-endian fixed width makes byte order equal token order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecdecError
+
+FORMAT = "specdec-datastore"
+KIND = "suffix-array"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MAX_WIDTH2_VOCAB = 0xFFFF - 1  # ids 0..65533 fit in 2 bytes with 0xFFFF kept for the separator
+MAX_WIDTH3_VOCAB = 0xFFFFFF - 1
+
+
+def token_width(vocab_size: int) -> int:
+    """Bytes per token: 2 if the vocabulary has at most 65,534 ids, else 3."""
+    if vocab_size <= MAX_WIDTH2_VOCAB:
+        return 2
+    if vocab_size <= MAX_WIDTH3_VOCAB:
+        return 3
+    raise SpecdecError(f"vocabulary of {vocab_size} ids is too large for a 3-byte suffix-array datastore")
+
+
+def separator(width: int) -> int:
+    """The separator id: the largest value of the width (all bytes 0xFF), never a real token id."""
+    return (1 << (8 * width)) - 1
+
+
+def encode_tokens(ids, width: int) -> np.ndarray:
+    """Token ids -> uint8 big-endian bytes of ``width`` each."""
+    arr = np.asarray(ids, dtype=np.uint32)
+    shifts = np.arange(width - 1, -1, -1, dtype=np.uint32) * 8
+    return ((arr[:, None] >> shifts[None, :]) & 0xFF).astype(np.uint8).reshape(-1)
+
+
+def decode_tokens(data: np.ndarray, width: int) -> np.ndarray:
+    """uint8 big-endian bytes (last axis a multiple of ``width``) -> int64 token ids (separator included)."""
+    data = np.asarray(data, dtype=np.uint8)
+    groups = data.reshape(*data.shape[:-1], data.shape[-1] // width, width).astype(np.int64)
+    out = groups[..., 0]
+    for k in range(1, width):
+        out = (out << 8) | groups[..., k]
+    return out
+
+
+def sha256_file(path: Path, block: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_entry(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Written last (after every data file is complete), via a temp file and os.replace."""
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, folder / MANIFEST)
+
+
+def read_manifest(folder: Path, kind: str = KIND) -> dict:
+    """Parse and sanity-check manifest.json; every problem is one SpecdecError line."""
+    path = folder / MANIFEST
+    if not folder.is_dir():
+        raise SpecdecError(f"datastore {folder}: no such directory")
+    if not path.exists():
+        raise SpecdecError(f"datastore {folder}: no {MANIFEST} (not a datastore, or the build did not finish)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SpecdecError(f"datastore {folder}: corrupt {MANIFEST} ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SpecdecError(f"datastore {folder}: {MANIFEST} is not a specdec datastore manifest")
+    if manifest.get("kind") != kind:
+        raise SpecdecError(f"datastore {folder} is a {manifest.get('kind')!r} datastore; this needs {kind!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise SpecdecError(f"datastore {folder}: format version {manifest.get('format_version')} is not supported "
+                           f"(this specdec reads version {FORMAT_VERSION}); rebuild it with `specdec build-datastore`")
+    for key in ("tokenizer_fingerprint", "vocab_size", "token_width", "files", "shards"):
+        if key not in manifest:
+            raise SpecdecError(f"datastore {folder}: {MANIFEST} lacks {key!r}")
+    return manifest
+
+
+def check_files(folder: Path, manifest: dict, verify: bool = False) -> None:
+    """Every listed file exists with its recorded size (cheap, always); with ``verify`` also its sha256."""
+    for name, entry in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise SpecdecError(f"datastore {folder}: missing file {name} (truncated copy?)")
+        size = path.stat().st_size
+        if size != entry.get("bytes"):
+            raise SpecdecError(f"datastore {folder}: {name} has {size} bytes, the manifest says {entry.get('bytes')}")
+        if verify and sha256_file(path) != entry.get("sha256"):
+            raise SpecdecError(f"datastore {folder}: checksum mismatch for {name} (corrupt file)")
+
+
+def check_tokenizer(folder: Path, manifest: dict, fingerprint: str) -> None:
+    if manifest["tokenizer_fingerprint"] != fingerprint:
+        raise SpecdecError(
+            f"datastore {folder} was built with another tokenizer (fingerprint {manifest['tokenizer_fingerprint'][:8]}, "
+            f"model {manifest.get('model')!r}) than this model's ({fingerprint[:8]}); rebuild it with "
+            f"`specdec build-datastore --model ...` for this model")

@@ -1,0 +1,199 @@
+"""REST retrieval over a suffix-array datastore: longest suffix match, continuations, frequency trie.
+
+Algorithm 1 of REST (He et al. 2024): try the last ``n_max`` tokens of the context, then one fewer, ... and
+stop at the first length with at least one exact match in the datastore. Every matching position is a
+context whose continuation is a draft candidate; we take up to ``max_matches`` of them spread evenly over the
+match range of the suffix array (REST's reference code takes the first 5000), cut each to ``cont_len`` tokens
+(never across a document separator), count every prefix in a trie and keep the ``top_c`` most frequent nodes
+(Algorithm 2). A node's count never exceeds its parent's, so ranking by (count desc, depth asc) keeps the set
+prefix-closed: a node is selected only after its parent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import format as fmt
+
+
+@dataclass
+class Shard:
+    data: np.ndarray  # uint8 token bytes (memory-mapped)
+    sa: np.ndarray  # int32 byte offsets of token-aligned, non-separator suffixes, sorted (memory-mapped)
+
+    def __post_init__(self):
+        # memoryviews make the binary search's single-element reads cheap (no numpy scalar per probe)
+        self.data_view = memoryview(np.asarray(self.data)).cast("B")
+        native = self.sa.dtype == np.dtype("=i4")
+        self.sa_view = memoryview(np.asarray(self.sa)).cast("B").cast("i") if native else self.sa
+
+    def match_range(self, query: bytes) -> tuple[int, int]:
+        """[lo, hi) of suffix-array entries whose suffix starts with ``query`` (token-aligned bytes)."""
+        data, sa, qlen = self.data_view, self.sa_view, len(query)
+        lo, hi = 0, len(sa)
+        while lo < hi:  # first suffix >= query
+            mid = (lo + hi) // 2
+            start = int(sa[mid])
+            if bytes(data[start:start + qlen]) < query:
+                lo = mid + 1
+            else:
+                hi = mid
+        first, hi = lo, len(sa)
+        while lo < hi:  # first suffix whose qlen-prefix > query
+            mid = (lo + hi) // 2
+            start = int(sa[mid])
+            if bytes(data[start:start + qlen]) <= query:
+                lo = mid + 1
+            else:
+                hi = mid
+        return first, lo
+
+
+@dataclass
+class Retrieval:
+    match_length: int  # tokens of the context that matched (0: no match at any length)
+    match_count: int  # matching positions in the datastore (all shards)
+    continuations: np.ndarray  # [k, cont_len] token ids, -1 after the end of a continuation
+
+
+class SuffixArrayDatastore:
+    """A loaded (memory-mapped) suffix-array datastore."""
+
+    def __init__(self, folder: Path, manifest: dict, shards: list[Shard]):
+        self.folder, self.manifest, self.shards = folder, manifest, shards
+        self.width = int(manifest["token_width"])
+        self.separator = fmt.separator(self.width)
+
+    @classmethod
+    def load(cls, folder: str | Path, fingerprint: str | None = None, verify: bool = False) -> "SuffixArrayDatastore":
+        """Open ``folder``; refuse a missing/corrupt/truncated datastore or one built with another tokenizer.
+
+        Sizes are always checked (cheap); ``verify`` also recomputes every sha256 (reads all the data).
+        """
+        folder = Path(folder)
+        manifest = fmt.read_manifest(folder)
+        if fingerprint is not None:
+            fmt.check_tokenizer(folder, manifest, fingerprint)
+        fmt.check_files(folder, manifest, verify=verify)
+        shards = [Shard(_load_npy(folder, s["data"]), _load_npy(folder, s["sa"])) for s in manifest["shards"]]
+        return cls(folder, manifest, shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.manifest["num_tokens"])
+
+    def encode(self, ids) -> bytes:
+        return fmt.encode_tokens(list(ids), self.width).tobytes()
+
+    def longest_match(self, context: list[int], n_max: int) -> tuple[int, list[tuple[int, int]]]:
+        """Longest suffix of ``context`` (at most ``n_max`` tokens) found in the datastore, and its ranges."""
+        for n in range(min(n_max, len(context)), 0, -1):
+            query = self.encode(context[-n:])
+            ranges = [shard.match_range(query) for shard in self.shards]
+            if any(hi > lo for lo, hi in ranges):
+                return n, ranges
+        return 0, []
+
+    def retrieve(self, context: list[int], n_max: int = 16, cont_len: int = 10, max_matches: int = 5000) -> Retrieval:
+        """Continuations (up to ``max_matches``, evenly spread over the match range) of the longest match."""
+        n, ranges = self.longest_match(context, n_max)
+        total = sum(hi - lo for lo, hi in ranges)
+        if n == 0 or cont_len < 1:
+            return Retrieval(n, total, np.empty((0, max(cont_len, 0)), dtype=np.int64))
+        rows = [self._continuations(shard, picks, n, cont_len)
+                for shard, picks in zip(self.shards, _spread(ranges, max_matches)) if picks.size]
+        return Retrieval(n, total, np.concatenate(rows))
+
+    def _continuations(self, shard: Shard, picks: np.ndarray, n: int, cont_len: int) -> np.ndarray:
+        """The ``cont_len`` tokens after each picked match, -1 from the first separator on."""
+        w = self.width
+        starts = np.asarray(shard.sa[picks], dtype=np.int64) + n * w
+        offsets = starts[:, None] + np.arange(cont_len * w, dtype=np.int64)[None, :]
+        np.minimum(offsets, shard.data.size - 1, out=offsets)  # the data ends with a separator: reads stay inside
+        tokens = fmt.decode_tokens(np.asarray(shard.data)[offsets], w)
+        live = np.cumprod(tokens != self.separator, axis=1).astype(bool)
+        return np.where(live, tokens, -1)
+
+
+def _spread(ranges: list[tuple[int, int]], limit: int) -> list[np.ndarray]:
+    """Suffix-array indices per shard: all matches, or ``limit`` of them evenly spaced over all shards' ranges."""
+    counts = np.array([hi - lo for lo, hi in ranges], dtype=np.int64)
+    total = int(counts.sum())
+    picks = np.arange(total, dtype=np.int64) if total <= limit else (np.arange(limit, dtype=np.int64) * total) // limit
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    out = []
+    for (lo, _), a, b in zip(ranges, bounds[:-1], bounds[1:]):
+        mine = picks[(picks >= a) & (picks < b)]
+        out.append(mine - a + lo)
+    return out
+
+
+def _load_npy(folder: Path, name: str) -> np.ndarray:
+    from ..errors import SpecdecError
+
+    try:
+        return np.load(folder / name, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise SpecdecError(f"datastore {folder}: cannot read {name} ({err})") from None
+
+
+# --- the frequency trie (REST Algorithm 2) ----------------------------------------------------------------
+
+
+@dataclass
+class Trie:
+    """Nodes in creation order (depth by depth); ``parents[i] = -1`` for children of the root."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    counts: np.ndarray
+    depths: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tokens.size)
+
+
+def build_trie(continuations: np.ndarray) -> Trie:
+    """Count every prefix of every continuation (rows of token ids, -1 padded), depth by depth with np.unique."""
+    k, length = continuations.shape if continuations.ndim == 2 else (0, 0)
+    parent_of_row = np.full(k, -1, dtype=np.int64)
+    tokens, parents, counts, depths = [], [], [], []
+    next_id = 0
+    base = int(continuations.max(initial=0)) + 2
+    for depth in range(length):
+        rows = continuations[:, depth] >= 0
+        if not rows.any():
+            break
+        keys = (parent_of_row[rows] + 1) * base + continuations[rows, depth]
+        uniq, inverse, count = np.unique(keys, return_inverse=True, return_counts=True)
+        tokens.append(uniq % base)
+        parents.append(uniq // base - 1)
+        counts.append(count)
+        depths.append(np.full(uniq.size, depth))
+        parent_of_row[rows] = next_id + inverse.reshape(-1)
+        next_id += uniq.size
+    cat = lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)  # noqa: E731
+    return Trie(cat(tokens), cat(parents), cat(counts), cat(depths))
+
+
+def select_top(trie: Trie, top_c: int) -> Trie:
+    """The ``top_c`` most frequent nodes, prefix-closed, in BFS order (depth, then count desc, then token).
+
+    Ties at the cut are broken towards shallower nodes and smaller token ids, so the choice is deterministic.
+    """
+    if len(trie) == 0 or top_c < 1:
+        return Trie(*(np.empty(0, dtype=np.int64) for _ in range(4)))
+    ranked = np.lexsort((trie.tokens, trie.depths, -trie.counts))[:top_c]
+    keep = np.zeros(len(trie), dtype=bool)
+    for node in sorted(ranked.tolist()):  # creation order is depth order: parents are decided first
+        parent = trie.parents[node]
+        keep[node] = parent < 0 or keep[parent]
+    chosen = np.flatnonzero(keep)
+    order = chosen[np.lexsort((trie.tokens[chosen], -trie.counts[chosen], trie.depths[chosen]))]
+    new_index = np.full(len(trie), -1, dtype=np.int64)
+    new_index[order] = np.arange(order.size)
+    parents = np.where(trie.parents[order] >= 0, new_index[np.maximum(trie.parents[order], 0)], -1)
+    return Trie(trie.tokens[order], parents, trie.counts[order], trie.depths[order])

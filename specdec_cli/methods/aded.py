@@ -1,0 +1,93 @@
+"""``aded``: Adaptive Draft-Verification (Liu et al.) -- tri-gram matrix + MCTS draft maker, adaptive updates.
+
+Each step the MCTS (:mod:`specdec_cli.mcts`) searches continuations of the last two tokens in the tri-gram
+matrix; the best ``candidates`` are prefix-merged into a token tree that the target verifies exactly. The
+prompt and then every verified output update the matrix (Algorithm 2) in an in-memory overlay over the
+memory-mapped store, so the drafts follow what this model actually writes. The overlay persists across the
+generations of one drafter and can be written out as a new store with :meth:`Aded.save_adapted`.
+
+Options (``--opt key=value``): iterations (150), c1 (32), c2 (8), depth (4), candidates (24), top_k (the
+store's, 12), adapt (1), adapt_prompt (1), increment (0.1), max_prob (1.0), seed (0), save_adapted (PATH:
+write the adapted matrix there at the end of every generation), verify_checksums (1).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from ..decoding import Draft, Drafter, Outcome
+from ..mcts import MCTSConfig, merge_paths, run_mcts
+from ..trigram import TrigramMatrix
+
+
+class Aded(Drafter):
+    name = "aded"
+
+    def __init__(self, matrix: TrigramMatrix, cfg: MCTSConfig = MCTSConfig(), *, adapt: bool = True,
+                 adapt_prompt: bool = True, increment: float = 0.1, max_prob: float = 1.0, seed: int = 0,
+                 save_path: str | None = None):
+        self.matrix, self.mcts = matrix, cfg
+        self.adapt, self.adapt_prompt = adapt, adapt_prompt
+        self.increment, self.max_prob = increment, max_prob
+        self.seed, self.save_path = seed, save_path
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        self.mcts_s = 0.0
+        self.searches = 0
+        self.empty = 0
+        self.candidates = 0
+
+    def start(self, prompt, cfg, generator) -> None:
+        super().start(prompt, cfg, generator)
+        self.rng = random.Random(self.seed)
+        self.matrix.clear_cache()  # bounds the probability cache to one generation
+        self._reset_stats()
+        if self.adapt_prompt:  # Fig. 2: the input's tri-grams update the matrix before drafting
+            self.learn(prompt)
+
+    def learn(self, tokens: list[int]) -> None:
+        self.matrix.adjust(tokens, increment=self.increment, max_prob=self.max_prob)
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        depth = min(self.mcts.depth, max_tokens)
+        if depth < 1:
+            return Draft()
+        prev = tokens[-2] if len(tokens) > 1 else tokens[-1]
+        t0 = time.perf_counter()
+        found = run_mcts(self.matrix, prev, tokens[-1], self.mcts, self.rng, depth)
+        self.mcts_s += time.perf_counter() - t0
+        self.searches += 1
+        self.empty += not found
+        self.candidates += len(found)
+        return merge_paths([seq for seq, _ in found], depth)
+
+    def accept(self, tokens: list[int], outcome: Outcome) -> None:
+        """Algorithm 2 over the tri-grams that end in this step's new tokens (each tri-gram counted once)."""
+        if self.adapt:
+            new = len(outcome.accepted) + 1
+            self.learn(tokens[-(new + 2):])
+
+    def save_adapted(self, path) -> dict:
+        """Write base + adapted rows as a new tri-gram store (same format, loadable with ``--datastore``)."""
+        return self.matrix.save(path)
+
+    def stats(self) -> dict:
+        if self.save_path:
+            self.save_adapted(self.save_path)
+        steps = max(self.searches, 1)
+        return {"mcts_s": self.mcts_s, "mcts_ms_per_step": 1000 * self.mcts_s / steps,
+                "mcts_candidates_per_step": self.candidates / steps, "mcts_empty_steps": self.empty,
+                "adapted_contexts": len(self.matrix.overlay)}
+
+
+def build(ctx) -> Drafter:
+    matrix = TrigramMatrix.load(ctx.datastore, ctx.target.fingerprint,
+                                verify_checksums=bool(ctx.opt("verify_checksums", 1)))
+    matrix.top_k = ctx.opt("top_k", matrix.top_k)
+    cfg = MCTSConfig(iterations=ctx.opt("iterations", 150), c1=ctx.opt("c1", 32.0), c2=ctx.opt("c2", 8.0),
+                     depth=ctx.opt("depth", ctx.window or 4), candidates=ctx.opt("candidates", 24))
+    return Aded(matrix, cfg, adapt=bool(ctx.opt("adapt", 1)), adapt_prompt=bool(ctx.opt("adapt_prompt", 1)),
+                increment=ctx.opt("increment", 0.1), max_prob=ctx.opt("max_prob", 1.0), seed=ctx.opt("seed", 0),
+                save_path=ctx.opt("save_adapted", "", str) or None)

@@ -1,0 +1,150 @@
+"""``hsddw``: Hierarchical Speculative Decoding with Dynamic Window (HSDDW, Algorithm 2).
+
+Three models: a fast draft ``M1`` (``ctx.drafts[0]``), a stronger draft ``M2`` (``ctx.drafts[1]``) and the
+target. One :meth:`Hsddw.propose` call runs rounds of
+
+1. **Draft + self-verify** -- ``M1`` samples tokens from ``q1`` until ``H(q1_i) > tau1`` (or ``K`` tokens);
+2. **Pre-verify** -- one ``M2`` forward over them gives ``q2``; rejection sampling of ``q1`` against ``q2``
+   accepts a prefix and draws a correction (or a bonus token) from ``q2``. By the speculative-sampling theorem
+   the emitted tokens are distributed exactly as sampling from ``M2``: each one is a draw from ``q2`` given
+   everything before it. ``M2``'s rejections update ``tau1``;
+3. **Self-verify of M2** -- when ``H(q2)`` of an emitted token exceeds ``tau2`` (M2 is unsure), the round ends
+   the proposal; otherwise another round starts after the emitted tokens;
+
+until ``M2`` loses confidence or the chain reaches the cap (``--opt max_draft``, default ``2K``) or the
+new-token budget. The chain goes to the target with ``q_draft = q2`` rows, so the engine's rejection sampling
+makes the output exactly the target's distribution: whether position ``j`` is in the chain is decided before
+the token at ``j`` is drawn, and given that history the token is a draw from ``q2``. The target's rejections
+update ``tau2``. Greedy: all by argmax (pre-verify keeps M1's tokens while they equal M2's argmax and puts
+M2's argmax at the first mismatch), so the output equals the target's greedy output.
+
+Thresholds start at ``tau0`` (default ``inf``; ``--opt tau0=0`` is the paper's cold start, ``tau1_0`` /
+``tau2_0`` set them apart). See docs/hsddw.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import engine
+from ..decoding import Draft, Drafter, Outcome
+from ..draft_model import DraftModel
+from ..sampling import logits_to_probs
+from ..verify import verify_rejection
+from .self_verify import (DEFAULT_WINDOW, EntropyThreshold, confidence_entropy, draft_until_unsure, json_tau, ratio,
+                          rejected_index, window_summary)
+
+
+def logits_rows_after(dm: DraftModel, prefix: list[int], xs: list[int]) -> torch.Tensor:
+    """``M2`` logits ``[len(xs) + 1, V]``: row 0 after ``prefix``, row ``i + 1`` after ``xs[i]`` -- one forward.
+
+    Like :meth:`DraftModel.logits_after` (crop the cache to the common prefix, feed the rest), but the drafted
+    tokens ride along in the same pass so pre-verification costs a single ``M2`` forward per round.
+    """
+    seq = prefix + xs
+    common = 0
+    limit = min(len(dm.seen), len(prefix) - 1)  # always feed at least the last prefix token
+    while common < limit and dm.seen[common] == seq[common]:
+        common += 1
+    engine.crop(dm.cache, common)
+    logits = engine.forward_chain(dm.model, dm.cache, seq[common:])
+    dm.seen = list(seq)
+    return dm._fit(logits[-(len(xs) + 1):]).cpu()
+
+
+class Hsddw(Drafter):
+    name = "hsddw"
+
+    def __init__(self, m1: DraftModel, m2: DraftModel, window: int = DEFAULT_WINDOW, max_draft: int | None = None,
+                 tau1_0: float = math.inf, tau2_0: float = math.inf):
+        self.m1, self.m2 = m1, m2
+        self.window = window  # M1's per-round window cap K
+        self.max_draft = max_draft or 2 * window  # cap on the chain sent to the target
+        self.tau1_0, self.tau2_0 = tau1_0, tau2_0
+
+    def start(self, prompt, cfg, generator) -> None:
+        super().start(prompt, cfg, generator)
+        self.m1.reset()
+        self.m2.reset()
+        self.tau1 = EntropyThreshold(self.tau1_0)
+        self.tau2 = EntropyThreshold(self.tau2_0)
+        self.h2: list[float] = []  # M2 entropies of the pending chain
+        self.m1_drafted = self.m1_accepted = self.m2_forwards = 0
+        self.chain_drafted = self.chain_accepted = self.target_forwards = self.emitted = 0
+        self.window_sizes: list[int] = []  # chain length sent to the target, per target step
+        self.m1_window_sizes: list[int] = []  # M1 draft length, per round
+
+    def pre_verify_round(self, prefix: list[int], room: int) -> tuple[list[int], torch.Tensor, list[float]]:
+        """One M1 draft + M2 pre-verify round; returns the emitted tokens (at most ``room``), q2 rows, H(q2)."""
+        xs, q1, h1 = draft_until_unsure(self.m1, prefix, min(self.window, room), self.tau1.value, self.cfg,
+                                        self.generator)
+        logits2 = logits_rows_after(self.m2, prefix, xs)
+        path, y = verify_rejection(logits2, xs, q1, self.cfg, self.generator)
+        n = len(path)
+        self.m1_drafted += len(xs)
+        self.m1_accepted += n
+        self.m2_forwards += 1
+        self.m1_window_sizes.append(len(xs))
+        if n < len(xs):
+            self.tau1.reject(h1[n])
+        emitted = (xs[:n] + [y])[:room]
+        q2 = logits_to_probs(logits2[: len(emitted)], self.cfg)
+        h2 = [confidence_entropy(logits2[i], q2[i], self.cfg) for i in range(len(emitted))]
+        return emitted, q2, h2
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        cap = min(self.max_draft, max_tokens)
+        chain: list[int] = []
+        rows: list[torch.Tensor] = []
+        self.h2 = []
+        while len(chain) < cap:
+            emitted, q2, h2 = self.pre_verify_round(tokens + chain, cap - len(chain))
+            chain += emitted
+            rows.append(q2)
+            self.h2 += h2
+            if max(h2) > self.tau2.value:  # M2 is unsure: let the target verify now
+                break
+        self.window_sizes.append(len(chain))
+        return Draft.chain(chain, torch.cat(rows)) if chain else Draft()
+
+    def accept(self, tokens: list[int], outcome: Outcome) -> None:
+        self.target_forwards += 1
+        self.chain_drafted += len(outcome.draft)
+        self.chain_accepted += len(outcome.path)
+        self.emitted += len(outcome.path) + 1
+        i = rejected_index(outcome)
+        if i is not None:
+            self.tau2.reject(self.h2[i])
+
+    def stats(self) -> dict:
+        return {
+            "tau1": json_tau(self.tau1.value),
+            "tau2": json_tau(self.tau2.value),
+            "tau1_rejections": len(self.tau1.rejected),
+            "tau2_rejections": len(self.tau2.rejected),
+            "m1_drafted": self.m1_drafted,
+            "m1_accepted_by_m2": self.m1_accepted,
+            "sigma_m1": 1 - ratio(self.m1_accepted, self.m1_drafted) if self.m1_drafted else None,
+            "m2_chain_tokens": self.chain_drafted,
+            "m2_accepted_by_target": self.chain_accepted,
+            "sigma_m2": 1 - ratio(self.chain_accepted, self.chain_drafted) if self.chain_drafted else None,
+            # end to end: M1 tokens drafted vs draft tokens that reached the output
+            "sigma_m1_to_target": 1 - ratio(self.chain_accepted, self.m1_drafted) if self.m1_drafted else None,
+            "m2_forwards": self.m2_forwards,
+            "eta_m2": ratio(self.m2_forwards, self.emitted),
+            "eta_target": ratio(self.target_forwards, self.emitted),
+            "window_sizes": list(self.window_sizes),
+            "window_summary": window_summary(self.window_sizes),
+            "m1_window_sizes": list(self.m1_window_sizes),
+            "m1_window_summary": window_summary(self.m1_window_sizes),
+        }
+
+
+def build(ctx) -> Drafter:
+    vocab = ctx.target.vocab_size
+    window = ctx.window or DEFAULT_WINDOW
+    tau0 = ctx.opt("tau0", math.inf, float)
+    return Hsddw(DraftModel(ctx.drafts[0], vocab), DraftModel(ctx.drafts[1], vocab), window,
+                 ctx.opt("max_draft", 2 * window, int), ctx.opt("tau1_0", tau0, float), ctx.opt("tau2_0", tau0, float))

@@ -1,0 +1,142 @@
+"""``ngram-trie``: N-Gram-Trie speculative decoding for in-context tasks (summaries, RAG, context QA).
+
+Construction (paper Sec. 3.1, Algorithm 1): a sliding window of ``n`` tokens moves over the prompt; each
+window splits into a prefix ``P_i`` (its first ``L_p`` tokens) and a suffix ``S_i`` (the rest). The samples
+``<P_i, S_i, f>`` (``f`` = how often that pair occurs) are inserted into a trie once per sub-prefix
+``P_i[j:] + S_i`` for ``j in 0..L_p-1``; every node on an inserted path gains ``f``, so a node's frequency
+counts the windows that pass through it (and never exceeds its parent's).
+
+Drafting (Sec. 3.2): match the last ``L_p`` generated tokens from the root, dropping one token at a time until
+a match with a continuation is found; the matched node's subtree is the suffix tree. It is pruned to the
+``budget`` most frequent nodes (the paper's min-heap; ancestors always outrank descendants, so the kept set is
+a tree) and verified with tree attention.
+
+Options: n (13), lp (3), budget (32), window (-> max draft depth, default n - 1).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+
+from ..decoding import Draft, Drafter
+
+
+class TrieNode:
+    __slots__ = ("children", "freq")
+
+    def __init__(self, freq: int = 0):
+        self.children: dict[int, TrieNode] = {}
+        self.freq = freq
+
+
+def sample_windows(tokens: list[int], n: int, lp: int) -> Counter:
+    """Eqs. 1-2: the dependency set D as a Counter of ``(prefix, suffix) -> f``.
+
+    Windows start at every position whose prefix is complete and leaves at least one suffix token; the last
+    windows' suffixes are cut at the end of the text.
+    """
+    return Counter((tuple(tokens[i:i + lp]), tuple(tokens[i + lp:i + n])) for i in range(len(tokens) - lp))
+
+
+def insert(root: TrieNode, key, f: int) -> None:
+    """Eq. 4: share the node of an existing token, else create one; every node on the path gains ``f``."""
+    node = root
+    for t in key:
+        child = node.children.get(t)
+        if child is None:
+            child = node.children[t] = TrieNode(0)
+        child.freq += f
+        node = child
+
+
+def build_trie(tokens: list[int], n: int = 13, lp: int = 3) -> TrieNode:
+    """Algorithm 1: insert every sub-prefix ``P_i[j:] + S_i`` (``j = 0..L_p-1``) of every sample."""
+    root = TrieNode()
+    for (prefix, suffix), f in sample_windows(tokens, n, lp).items():
+        for j in range(lp):
+            insert(root, prefix[j:] + suffix, f)
+    return root
+
+
+def match(root: TrieNode, tokens: list[int], lp: int) -> tuple[TrieNode | None, int]:
+    """Longest suffix of ``tokens`` (at most ``L_p``) that is a path from the root with a continuation."""
+    for k in range(min(lp, len(tokens)), 0, -1):
+        node = root
+        for t in tokens[-k:]:
+            node = node.children.get(t)
+            if node is None:
+                break
+        if node is not None and node.children:
+            return node, k
+    return None, 0
+
+
+def prune(node: TrieNode, budget: int, max_depth: int) -> Draft:
+    """The ``budget`` most frequent nodes of ``node``'s subtree (depth <= ``max_depth``) as a draft tree.
+
+    Best-first from the matched node with a heap keyed on (frequency desc, depth, discovery order): since a
+    child's frequency never exceeds its parent's, this yields the same nodes as keeping the top ``budget``
+    in a min-heap, and a node is always emitted after its parent.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    heap: list = []
+    order = 0
+    for tok, child in node.children.items():
+        heap.append((-child.freq, 1, order, tok, child, -1))
+        order += 1
+    heapq.heapify(heap)
+    while heap and len(tokens) < budget:
+        _, depth, _, tok, child, parent = heapq.heappop(heap)
+        index = len(tokens)
+        tokens.append(tok)
+        parents.append(parent)
+        if depth < max_depth:
+            for t, grandchild in child.children.items():
+                heapq.heappush(heap, (-grandchild.freq, depth + 1, order, t, grandchild, index))
+                order += 1
+    return Draft(tokens, parents)
+
+
+class NGramTrie(Drafter):
+    name = "ngram-trie"
+
+    def __init__(self, n: int = 13, lp: int = 3, budget: int = 32, max_depth: int | None = None):
+        self.n, self.lp, self.budget = n, lp, budget
+        self.max_depth = max_depth or n - 1
+        self.root = TrieNode()
+
+    def start(self, prompt, cfg, generator) -> None:
+        super().start(prompt, cfg, generator)
+        t0 = time.perf_counter()
+        self.root = build_trie(list(prompt), self.n, self.lp)
+        self.build_s = time.perf_counter() - t0
+        self.matched = Counter()
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        node, k = match(self.root, tokens, self.lp)
+        self.matched[k] += 1
+        if node is None or max_tokens < 1:
+            return Draft()
+        return prune(node, self.budget, min(self.max_depth, max_tokens))
+
+    def stats(self) -> dict:
+        steps = sum(self.matched.values()) or 1
+        return {"trie_build_s": self.build_s, "trie_nodes": count_nodes(self.root),
+                "trie_match_rate": 1 - self.matched[0] / steps}
+
+
+def count_nodes(root: TrieNode) -> int:
+    total, stack = 0, [root]
+    while stack:
+        node = stack.pop()
+        total += len(node.children)
+        stack.extend(node.children.values())
+    return total
+
+
+def build(ctx) -> Drafter:
+    n, lp = ctx.opt("n", 13), ctx.opt("lp", 3)
+    return NGramTrie(n, lp, ctx.opt("budget", 32), ctx.window or ctx.opt("max_depth", n - 1))

@@ -1,0 +1,67 @@
+"""``pld``: prompt lookup decoding (Saxena 2023), the algorithm of transformers' ``prompt_lookup_num_tokens``.
+
+Take the last ``max_ngram`` tokens of the sequence (prompt + output); find their first earlier occurrence; the
+``num_pred`` tokens that followed it are the draft chain. No match: try one token shorter, down to
+``min_ngram``. No match at all: an empty draft (a plain autoregressive step).
+
+Options: max_ngram (3), min_ngram (1), num_pred (10; ``--window`` sets it too).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..decoding import Draft, Drafter
+
+
+def lookup(tokens: list[int], max_ngram: int = 3, num_pred: int = 10, min_ngram: int = 1) -> list[int]:
+    """The continuation of the first (leftmost) earlier match of the longest matching tail n-gram.
+
+    Like transformers' ``PromptLookupCandidateGenerator``: matches are scanned left to right and the first
+    one with at least one following token wins; the copy stops at the end of the sequence.
+    """
+    arr = np.asarray(tokens, dtype=np.int64)
+    length = arr.size
+    for size in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = sliding_window_view(arr, size)
+        hits = np.flatnonzero((windows == arr[-size:]).all(axis=1))
+        for idx in hits:
+            start = int(idx) + size
+            end = min(start + num_pred, length)
+            if start < end:
+                return arr[start:end].tolist()
+    return []
+
+
+class PromptLookup(Drafter):
+    name = "pld"
+
+    def __init__(self, max_ngram: int = 3, num_pred: int = 10, min_ngram: int = 1, stop_ids=frozenset()):
+        self.max_ngram, self.num_pred, self.min_ngram = max_ngram, num_pred, min_ngram
+        self.stop_ids = frozenset(stop_ids)
+        self.hits = self.lookups = 0
+
+    def start(self, prompt, cfg, generator) -> None:
+        super().start(prompt, cfg, generator)
+        self.hits = self.lookups = 0
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        k = min(self.num_pred, max_tokens)
+        if k < 1:
+            return Draft()
+        draft = lookup(tokens, self.max_ngram, k, self.min_ngram)
+        cut = next((i for i, t in enumerate(draft) if t in self.stop_ids), None)
+        if cut is not None:  # as transformers does: nothing after an end-of-sequence token
+            draft = draft[:cut]
+        self.lookups += 1
+        self.hits += bool(draft)
+        return Draft.chain(draft)
+
+    def stats(self) -> dict:
+        return {"pld_hit_rate": self.hits / self.lookups if self.lookups else 0.0}
+
+
+def build(ctx) -> Drafter:
+    return PromptLookup(ctx.opt("max_ngram", 3), ctx.window or ctx.opt("num_pred", 10), ctx.opt("min_ngram", 1),
+                        getattr(ctx.target, "stop_ids", frozenset()))

@@ -1,0 +1,76 @@
+"""``rest``: Retrieval-Based Speculative Decoding (He et al. 2024), drafts from a suffix-array datastore.
+
+Each step retrieves continuations of the longest matching suffix of the sequence (``n_max`` tokens down to 1),
+builds a frequency trie of their prefixes and proposes its ``top_c`` most frequent nodes as a token tree. The
+engine verifies the tree exactly (greedy: the argmax path; sampling: the target's own draw at each node), so the
+output is the target's. Options (``--opt key=value``): ``n_max`` (16), ``cont_len`` (10), ``top_c`` (64),
+``max_matches`` (5000), ``verify`` (0: also recompute the datastore's checksums when loading).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..datastore import SuffixArrayDatastore, build_trie, select_top
+from ..decoding import Draft, Drafter
+from ..errors import SpecdecError
+
+
+class RestDrafter(Drafter):
+    name = "rest"
+
+    def __init__(self, store: SuffixArrayDatastore, n_max: int = 16, cont_len: int = 10, top_c: int = 64,
+                 max_matches: int = 5000):
+        for key, value in (("n_max", n_max), ("cont_len", cont_len), ("top_c", top_c), ("max_matches", max_matches)):
+            if value < 1:
+                raise SpecdecError(f"--opt {key} must be >= 1, got {value}")
+        self.store = store
+        self.n_max, self.cont_len, self.top_c, self.max_matches = n_max, cont_len, top_c, max_matches
+        self.retrieval_s: list[float] = []
+        self.match_lengths: list[int] = []
+        self.draft_sizes: list[int] = []
+
+    def start(self, prompt, cfg, generator) -> None:
+        super().start(prompt, cfg, generator)
+        self.retrieval_s, self.match_lengths, self.draft_sizes = [], [], []
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        if max_tokens <= 0:
+            return Draft()
+        t0 = time.perf_counter()
+        draft = self.draft_for(tokens, max_tokens)
+        self.retrieval_s.append(time.perf_counter() - t0)
+        self.draft_sizes.append(len(draft))
+        return draft
+
+    def draft_for(self, tokens: list[int], max_tokens: int) -> Draft:
+        """Retrieve, count, select: the tree's depth is capped by the remaining token budget."""
+        found = self.store.retrieve(tokens, self.n_max, min(self.cont_len, max_tokens), self.max_matches)
+        self.match_lengths.append(found.match_length)
+        tree = select_top(build_trie(found.continuations), self.top_c)
+        return Draft(tree.tokens.tolist(), tree.parents.tolist())
+
+    def stats(self) -> dict:
+        if not self.retrieval_s:
+            return {}
+        ms = np.array(self.retrieval_s) * 1000
+        lengths = np.array(self.match_lengths)
+        return {
+            "retrieval_ms_median": float(np.median(ms)),
+            "retrieval_ms_p99": float(np.percentile(ms, 99)),
+            "retrieval_ms_total": float(ms.sum()),
+            "match_length_mean": float(lengths.mean()),
+            "match_length_hist": {int(k): int(v) for k, v in zip(*np.unique(lengths, return_counts=True))},
+            "no_match_steps": int((lengths == 0).sum()),
+            "draft_tokens_mean": float(np.mean(self.draft_sizes)),
+            "datastore_tokens": self.store.num_tokens,
+        }
+
+
+def build(ctx) -> Drafter:
+    store = SuffixArrayDatastore.load(ctx.datastore, fingerprint=ctx.target.fingerprint,
+                                      verify=bool(ctx.opt("verify", 0)))
+    return RestDrafter(store, n_max=ctx.opt("n_max", 16), cont_len=ctx.opt("cont_len", 10),
+                       top_c=ctx.opt("top_c", 64), max_matches=ctx.opt("max_matches", 5000))

@@ -1,0 +1,147 @@
+"""``self-verify``: speculative sampling with an entropy-bounded dynamic window (HSDDW, Algorithm 1).
+
+The draft model samples tokens and stops drafting as soon as it is unsure: after drafting ``x_i`` from
+``q_i``, it stops when ``H(q_i) > tau`` (``x_i`` itself is still sent, as in the paper: ``l = i`` then break).
+``tau`` -- the *confidence threshold* -- is the running mean entropy of the drafted tokens the target rejected
+in the current generation. The window is capped at ``K`` (default 10). Verification is the engine's ordinary
+rejection sampling with ``q_draft``, so the method is exactly lossless whatever ``tau`` does: the decision to
+draft position ``i + 1`` depends only on ``x_1 .. x_i``, never on the token drawn there.
+
+Cold start: the paper starts at ``tau = 0``, which stops after every token (window 1) until the first
+rejection. By default we start at ``tau = inf`` instead (full window ``K``, i.e. vanilla SD, until there is a
+rejected token to learn from); ``--opt tau0=0`` gives the paper-literal behaviour, any other value a fixed
+prior. Once a token has been rejected, ``tau`` is the plain mean of the rejected entropies (``tau0`` no longer
+counts). See docs/hsddw.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+
+from ..decoding import Draft, Drafter, Outcome
+from ..draft_model import DraftModel
+from ..sampling import SamplingConfig, entropy, logits_to_probs, sample
+
+DEFAULT_WINDOW = 10
+
+
+def confidence_entropy(logits: torch.Tensor, q_draft: torch.Tensor, cfg: SamplingConfig) -> float:
+    """The entropy (nats) the self-verify rule compares with ``tau``.
+
+    When sampling it is the entropy of ``q_draft`` itself, the distribution the token is drawn from. When
+    greedy, ``q_draft`` is one-hot (entropy 0, so the rule would never fire); the model's own confidence is
+    then the entropy of its untempered softmax.
+    """
+    probs = logits.float().softmax(-1) if cfg.greedy else q_draft
+    return float(entropy(probs))
+
+
+def draft_until_unsure(
+    dm: DraftModel, tokens: list[int], k: int, tau: float, cfg: SamplingConfig, generator
+) -> tuple[list[int], torch.Tensor, list[float]]:
+    """Draft at most ``k`` tokens after ``tokens``, stopping after the first one whose entropy exceeds ``tau``.
+
+    Returns the tokens, their distributions ``q_draft [l, V]`` and their entropies. The draft model is not
+    fed the last drafted token: the next call's ``logits_after`` does that (or crops it away if rejected).
+    """
+    out: list[int] = []
+    rows: list[torch.Tensor] = []
+    entropies: list[float] = []
+    if k <= 0:
+        return out, torch.empty(0), entropies
+    logits = dm.logits_after(tokens)
+    while True:
+        q = logits_to_probs(logits, cfg)
+        x = int(q.argmax()) if cfg.greedy else sample(q, generator)
+        out.append(x)
+        rows.append(q)
+        entropies.append(confidence_entropy(logits, q, cfg))
+        if entropies[-1] > tau or len(out) >= k:
+            return out, torch.stack(rows), entropies
+        logits = dm.step(x)
+
+
+def rejected_index(outcome: Outcome) -> int | None:
+    """Index of the draft token the target rejected, or None when the whole chain was accepted."""
+    n = len(outcome.path)
+    return n if n < len(outcome.draft) else None
+
+
+class EntropyThreshold:
+    """``tau``: ``tau0`` until the first rejection, then the mean entropy of all rejected tokens so far."""
+
+    def __init__(self, tau0: float = math.inf):
+        self.tau0 = tau0
+        self.rejected: list[float] = []
+
+    @property
+    def value(self) -> float:
+        return sum(self.rejected) / len(self.rejected) if self.rejected else self.tau0
+
+    def reject(self, h: float) -> None:
+        self.rejected.append(h)
+
+
+def window_summary(sizes: list[int]) -> dict:
+    """Histogram-ready summary of per-step window sizes (paper Figure 8 / Table 4)."""
+    if not sizes:
+        return {"steps": 0, "mean": None, "min": None, "max": None, "histogram": {}}
+    return {
+        "steps": len(sizes),
+        "mean": sum(sizes) / len(sizes),
+        "min": min(sizes),
+        "max": max(sizes),
+        "histogram": {str(k): v for k, v in sorted(Counter(sizes).items())},
+    }
+
+
+def ratio(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def json_tau(tau: float) -> float | None:
+    """``tau`` for JSON output: ``None`` while it is still the infinite default (no rejection yet)."""
+    return tau if math.isfinite(tau) else None
+
+
+class SelfVerify(Drafter):
+    name = "self-verify"
+
+    def __init__(self, dm: DraftModel, window: int = DEFAULT_WINDOW, tau0: float = math.inf):
+        self.dm = dm
+        self.window = window
+        self.tau0 = tau0
+
+    def start(self, prompt, cfg, generator) -> None:
+        super().start(prompt, cfg, generator)
+        self.dm.reset()
+        self.tau = EntropyThreshold(self.tau0)
+        self.entropies: list[float] = []  # of the pending draft
+        self.window_sizes: list[int] = []
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        k = min(self.window, max_tokens)
+        xs, q_draft, self.entropies = draft_until_unsure(self.dm, tokens, k, self.tau.value, self.cfg, self.generator)
+        self.window_sizes.append(len(xs))
+        return Draft.chain(xs, q_draft) if xs else Draft()
+
+    def accept(self, tokens: list[int], outcome: Outcome) -> None:
+        i = rejected_index(outcome)
+        if i is not None:
+            self.tau.reject(self.entropies[i])
+
+    def stats(self) -> dict:
+        return {
+            "tau": json_tau(self.tau.value),
+            "tau_rejections": len(self.tau.rejected),
+            "window_sizes": list(self.window_sizes),
+            "window_summary": window_summary(self.window_sizes),
+        }
+
+
+def build(ctx) -> Drafter:
+    dm = DraftModel(ctx.drafts[0], ctx.target.vocab_size)
+    return SelfVerify(dm, ctx.window or DEFAULT_WINDOW, ctx.opt("tau0", math.inf, float))

@@ -1,0 +1,255 @@
+"""``specdec bench``: prompt loaders, a tiny real benchmark on SmolLM2, --compare, plain output, --plot."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specdec_cli import bench as lib
+from specdec_cli.cli import app
+from specdec_cli.errors import SpecdecError
+from specdec_cli.prompts import load_prompts
+
+METHODS = "ar,pld,hf" if Path(lib.__file__).with_name("methods").joinpath("pld.py").exists() else "ar,sd,hf"
+
+
+# --- prompt sets (no model) ---------------------------------------------------------------------------------------
+
+
+def test_mt_bench_has_80_two_turn_questions():
+    prompts = load_prompts("mt-bench")
+    assert len(prompts) == 80
+    assert all(len(p.turns) == 2 and not p.raw for p in prompts)
+    assert len({p.category for p in prompts}) == 8
+    coding = load_prompts("mt-bench", category="coding", limit=3)
+    assert len(coding) == 3 and {p.category for p in coding} == {"coding"}
+
+
+def test_humaneval_has_164_raw_prompts():
+    prompts = load_prompts("humaneval")
+    assert len(prompts) == 164
+    assert prompts[0].id == "HumanEval/0" and prompts[0].raw and prompts[0].turns[0].lstrip().startswith("from typing")
+
+
+def test_shipped_samples_parse_in_the_datasets_layout():
+    gsm = load_prompts("gsm8k-sample")
+    alpaca = load_prompts("alpaca-sample")
+    assert len(gsm) == 5 and all(p.category == "math" and p.turns[0].endswith("?") for p in gsm)
+    assert len(alpaca) == 5
+    assert "The committee approved" in alpaca[1].turns[0]  # the 'input' field is appended to the instruction
+
+
+def test_hub_sets_fail_in_one_line_when_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SpecdecError, match="gsm8k-sample") as err:
+        load_prompts("gsm8k")
+    assert "\n" not in str(err.value)
+
+
+def test_rag_set_is_built_from_local_documents():
+    prompts = load_prompts("rag")
+    assert len(prompts) >= 10
+    assert {p.category for p in prompts} == {"summarize", "qa"}
+    assert prompts[0].turns[0].startswith("Summarize the following document:")
+
+
+def test_user_jsonl_and_bad_names(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "hello"}\n{"id": "x", "turns": ["a", "b"], "raw": true}\n')
+    prompts = load_prompts(str(path))
+    assert [p.id for p in prompts] == ["mine/0", "x"] and prompts[1].raw and len(prompts[1].turns) == 2
+    with pytest.raises(SpecdecError, match="unknown prompt set"):
+        load_prompts("nope")
+    with pytest.raises(SpecdecError, match="categories"):
+        load_prompts("humaneval", category="poetry")
+
+
+# --- pure logic ----------------------------------------------------------------------------------------------------
+
+
+def test_methods_order_and_rotation():
+    assert lib.method_list(["hf", "sd"]) == ["ar", "hf", "sd"]
+    assert lib.rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+    with pytest.raises(SpecdecError, match="unknown method"):
+        lib.method_list(["ar", "warp-drive"])
+
+
+def test_identity_check_reports_first_divergence():
+    gens = [lib.Generation("ar", "p", 0, [1, 2, 3], 1.0, 3, 3, 0, 0, 0.0),
+            lib.Generation("x", "p", 0, [1, 9, 3], 0.5, 1, 3, 2, 2, 0.1)]
+    ar, x = lib.summarize(gens, ["ar", "x"], greedy=True)
+    assert ar["lossless"] and ar["speedup"] == pytest.approx(1.0)
+    assert x["lossless"] is False and x["mismatches"] == [{"prompt_id": "p", "turn": 0, "first_divergence": 1}]
+    assert x["speedup"] == pytest.approx(2.0) and x["mean_accepted_length"] == pytest.approx(3.0)
+    assert x["sigma"] == pytest.approx(0.0) and x["eta"] == pytest.approx(1 / 3)
+    assert lib.first_divergence([1, 2], [1, 2, 3]) == 2
+    sampled = lib.summarize(gens, ["ar", "x"], greedy=False)
+    assert sampled[1]["lossless"] is None
+
+
+# --- a real (tiny) benchmark through the CLI --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def patched_load(smollm2):
+    """The CLI loads models via api.load; hand it the session's SmolLM2 (and int8 copy when asked)."""
+    mp = pytest.MonkeyPatch()
+    from specdec_cli import api
+    from specdec_cli.models import load_draft
+
+    drafts_cache: dict = {}
+
+    def fake_load(model, drafts=(), dtype="auto", device="auto"):
+        return smollm2, [drafts_cache.setdefault(d, load_draft(d, smollm2)) for d in drafts]
+
+    mp.setattr(api, "load", fake_load)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench")
+
+
+@pytest.fixture(scope="module")
+def real_run(patched_load, run_dir):
+    out = run_dir / "results.jsonl"
+    plot = run_dir / "speedup.png"
+    args = ["bench", "--model", "smollm2-135m", "--methods", METHODS, "--prompts", "humaneval", "--limit", "2",
+            "--max-new-tokens", "8", "--threads", "1", "--json", "--out", str(out), "--plot", str(plot)]
+    if "sd" in METHODS:
+        args += ["--draft", "int8:"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), out, plot
+
+
+@pytest.mark.slow
+def test_real_run_record_fields(real_run):
+    record, out, _ = real_run
+    assert record["schema"] == lib.RECORD_SCHEMA and record["prompt_set"] == "humaneval"
+    assert set(record["machine"]) >= {"platform", "cpu", "gpu", "torch", "transformers", "specdec"}
+    assert record["machine"]["torch_threads"] == 1
+    assert "git_commit" in record and "timestamp" in record
+    assert record["config"]["max_new_tokens"] == 8 and record["config"]["methods"] == METHODS.split(",")
+    by = {r["method"]: r for r in record["results"]}
+    assert list(by) == METHODS.split(",")
+    for r in by.values():
+        assert r["generations"] == 2 and r["tokens_per_s"] > 0 and r["speedup"] > 0
+        assert r["lossless"] is True, r["mismatches"]  # greedy: identical to ar, hf's generate included
+        assert len(r["per_prompt"]) == 2
+    assert by["ar"]["speedup"] == pytest.approx(1.0)
+    assert by["ar"]["mean_accepted_length"] == pytest.approx(1.0)
+    assert by["hf"]["mean_accepted_length"] == pytest.approx(1.0)  # counted target forwards of generate()
+    saved = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(saved) == 1 and saved[0]["results"][0]["method"] == "ar"
+
+
+@pytest.mark.slow
+def test_plot_writes_png(real_run):
+    _, _, plot = real_run
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- CLI plumbing on a stored record (no generation) ----------------------------------------------------------------
+
+
+@pytest.fixture
+def canned(real_run, monkeypatch):
+    """Make `bench` return a copy of the real record so CLI behaviour can be tested without generating again."""
+    record = real_run[0]
+    monkeypatch.setattr(lib, "benchmark", lambda cfg, target, drafts: copy.deepcopy(record))
+    return record
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["bench", "--prompts", "humaneval", "--methods", METHODS, *args])
+
+
+def write_records(path, *records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.mark.slow
+def test_plain_table_when_piped(canned):
+    result = invoke()
+    assert result.exit_code == 0, result.output
+    assert "\x1b[" not in result.stdout and "│" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[1].split()[:4] == ["method", "tok/s", "ms/tok", "speedup"]
+    assert lines[2].startswith("ar ") and "yes 2/2" in lines[2]
+
+
+@pytest.mark.slow
+def test_compare_passes_an_unchanged_record(canned, tmp_path):
+    old = tmp_path / "old.jsonl"
+    write_records(old, canned)
+    result = invoke("--compare", str(old))
+    assert result.exit_code == 0, result.output
+    assert "REGRESSION" not in result.stdout and "OK" in result.stdout
+
+
+@pytest.mark.slow
+def test_compare_flags_a_speedup_regression(canned, tmp_path):
+    faster = copy.deepcopy(canned)
+    faster["results"][-1]["speedup"] = canned["results"][-1]["speedup"] * 1.5  # the old run was much faster
+    unrelated = copy.deepcopy(canned)
+    unrelated["config"]["model"] = "another-model"
+    old = tmp_path / "old.jsonl"
+    write_records(old, faster, unrelated)  # the latest *matching* record is `faster`
+    result = invoke("--compare", str(old), "--json")
+    assert result.exit_code == lib.REGRESSION_EXIT_CODE, result.output
+    findings = {f["method"]: f for f in json.loads(result.stdout)["compare"]}
+    assert findings[canned["results"][-1]["method"]]["status"] == "regression"
+    assert findings["ar"]["status"] == "ok"
+    loose = invoke("--compare", str(old), "--tolerance", "0.5")
+    assert loose.exit_code == 0, loose.output
+
+
+@pytest.mark.slow
+def test_compare_flags_a_losslessness_failure(canned, tmp_path, monkeypatch):
+    broken = copy.deepcopy(canned)
+    broken["results"][1].update(lossless=False, identical=1,
+                                mismatches=[{"prompt_id": "HumanEval/0", "turn": 0, "first_divergence": 3}])
+    monkeypatch.setattr(lib, "benchmark", lambda cfg, target, drafts: copy.deepcopy(broken))
+    old = tmp_path / "old.jsonl"
+    write_records(old, canned)
+    result = invoke("--compare", str(old))
+    assert result.exit_code == lib.REGRESSION_EXIT_CODE
+    assert "output differs from ar" in result.stdout and "NO 1/2" in result.stdout
+
+
+def test_user_errors_are_one_line():
+    result = CliRunner().invoke(app, ["bench", "--methods", "ar,warp-drive"])
+    assert result.exit_code == 2 and "unknown method" in result.stderr and len(result.stderr.splitlines()) == 1
+    result = CliRunner().invoke(app, ["bench", "--compare", "/no/such/file.jsonl"])
+    assert result.exit_code == 2 and "cannot read --compare" in result.stderr
+
+
+def test_runners_on_a_tiny_model_greedy_and_sampled():
+    """Our ar and transformers' generate agree token for token (greedy); sampling settings reach generate."""
+    from types import SimpleNamespace
+
+    from conftest import tiny_llama
+
+    target = SimpleNamespace(model=tiny_llama(vocab=8), tokenizer=SimpleNamespace(pad_token_id=0),
+                             stop_ids=frozenset({7}))
+    cfg = lib.BenchConfig()
+    ids = [1, 2, 3, 4]
+    ar = lib.make_runner("ar", target, [], cfg)(ids, 12)
+    for method in ("hf", "hf-pld"):
+        gen = lib.make_runner(method, target, [], cfg)(ids, 12)
+        assert gen.tokens == ar.tokens and gen.forwards >= 1
+    hot = lib.BenchConfig(temperature=1.0, seed=3)
+    a = lib.make_runner("hf", target, [], hot)(ids, 12).tokens
+    assert a == lib.make_runner("hf", target, [], hot)(ids, 12).tokens  # seeded: reproducible
+    with pytest.raises(SpecdecError, match="needs a draft"):
+        lib.make_runner("hf-assisted", target, [], cfg)
