@@ -23,7 +23,8 @@ class DraftModel:
         self.cache = engine.new_cache()
         self.seen: list[int] = []  # tokens whose keys/values are in the cache
 
-    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+    def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Cut or pad (with -inf) draft logits to the target's vocabulary width."""
         v = logits.shape[-1]
         if v == self.vocab_size:
             return logits
@@ -41,10 +42,10 @@ class DraftModel:
         engine.crop(self.cache, common)
         logits = engine.forward_chain(self.model, self.cache, tokens[common:])
         self.seen = list(tokens)
-        return self._fit(logits[-1]).cpu()
+        return self.fit_vocab(logits[-1]).cpu()
 
     def step(self, token: int) -> torch.Tensor:
         """Feed one more token; returns the logits after it."""
         logits = engine.forward_chain(self.model, self.cache, [token])
         self.seen.append(token)
-        return self._fit(logits[-1]).cpu()
+        return self.fit_vocab(logits[-1]).cpu()

@@ -15,7 +15,6 @@ Algorithm 2) on top of the read-only base; :meth:`TrigramMatrix.save` merges bot
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .datastore.format import sha256_file
 from .errors import SpecdecError
 
 KIND = "trigram"
@@ -136,14 +136,6 @@ def prune_top_k(keys3: np.ndarray, counts: np.ndarray, vocab_size: int, top_k: i
 
 
 # ------------------------------------------------------------------------------------------------ on disk
-
-
-def sha256_file(path: Path, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def store_bytes(out_dir) -> int:

@@ -7,8 +7,9 @@ memory-mapped store, so the drafts follow what this model actually writes. The o
 generations of one drafter and can be written out as a new store with :meth:`Aded.save_adapted`.
 
 Options (``--opt key=value``): iterations (150), c1 (32), c2 (8), depth (4), candidates (24), top_k (the
-store's, 12), adapt (1), adapt_prompt (1), increment (0.1), max_prob (1.0), seed (0), save_adapted (PATH:
-write the adapted matrix there at the end of every generation), verify_checksums (1).
+store's, 12), adapt (1), adapt_prompt (1), increment (0.1), max_prob (1.0), seed (0), verify_checksums (1).
+``specdec generate --save-adapted PATH`` (or ``--opt save_adapted=PATH``) writes the adapted matrix once, after
+the last prompt.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ class Aded(Drafter):
     name = "aded"
 
     def __init__(self, matrix: TrigramMatrix, cfg: MCTSConfig = MCTSConfig(), *, adapt: bool = True,
-                 adapt_prompt: bool = True, increment: float = 0.1, max_prob: float = 1.0, seed: int = 0,
-                 save_path: str | None = None):
+                 adapt_prompt: bool = True, increment: float = 0.1, max_prob: float = 1.0, seed: int = 0):
         self.matrix, self.mcts = matrix, cfg
         self.adapt, self.adapt_prompt = adapt, adapt_prompt
         self.increment, self.max_prob = increment, max_prob
-        self.seed, self.save_path = seed, save_path
+        self.seed = seed
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -74,8 +74,6 @@ class Aded(Drafter):
         return self.matrix.save(path)
 
     def stats(self) -> dict:
-        if self.save_path:
-            self.save_adapted(self.save_path)
         steps = max(self.searches, 1)
         return {"mcts_s": self.mcts_s, "mcts_ms_per_step": 1000 * self.mcts_s / steps,
                 "mcts_candidates_per_step": self.candidates / steps, "mcts_empty_steps": self.empty,
@@ -89,5 +87,4 @@ def build(ctx) -> Drafter:
     cfg = MCTSConfig(iterations=ctx.opt("iterations", 150), c1=ctx.opt("c1", 32.0), c2=ctx.opt("c2", 8.0),
                      depth=ctx.opt("depth", ctx.window or 4), candidates=ctx.opt("candidates", 24))
     return Aded(matrix, cfg, adapt=bool(ctx.opt("adapt", 1)), adapt_prompt=bool(ctx.opt("adapt_prompt", 1)),
-                increment=ctx.opt("increment", 0.1), max_prob=ctx.opt("max_prob", 1.0), seed=ctx.opt("seed", 0),
-                save_path=ctx.opt("save_adapted", "", str) or None)
+                increment=ctx.opt("increment", 0.1), max_prob=ctx.opt("max_prob", 1.0), seed=ctx.opt("seed", 0))

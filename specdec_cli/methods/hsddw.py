@@ -51,7 +51,7 @@ def logits_rows_after(dm: DraftModel, prefix: list[int], xs: list[int]) -> torch
     engine.crop(dm.cache, common)
     logits = engine.forward_chain(dm.model, dm.cache, seq[common:])
     dm.seen = list(seq)
-    return dm._fit(logits[-(len(xs) + 1):]).cpu()
+    return dm.fit_vocab(logits[-(len(xs) + 1):]).cpu()
 
 
 class Hsddw(Drafter):
