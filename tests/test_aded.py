@@ -144,16 +144,7 @@ def stdlib_store(smollm2, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def greedy_cases(smollm2):
-    from test_ngram_trie import model_prompts
-    from specdec_cli import api
-
-    cases = []
-    for text in model_prompts():
-        ids = api.encode_prompt(smollm2, text, max_new_tokens=32)
-        cases.append((ids, api.run(smollm2, ids, api.make_drafter("ar", smollm2), max_new_tokens=32).tokens))
-    return cases
+from test_ngram_trie import greedy_cases  # noqa: E402,F401 - the same module-scoped ar reference outputs
 
 
 def test_aded_greedy_matches_ar(smollm2, stdlib_store, greedy_cases, tmp_path):
