@@ -84,10 +84,12 @@ def read_manifest(folder: Path, kind: str = KIND) -> dict:
         manifest = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as err:
         raise SpecdecError(f"datastore {folder}: corrupt {MANIFEST} ({err})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict):
         raise SpecdecError(f"datastore {folder}: {MANIFEST} is not a specdec datastore manifest")
-    if manifest.get("kind") != kind:
+    if manifest.get("kind") not in (None, kind):  # e.g. a tri-gram store (its own manifest layout) given to rest
         raise SpecdecError(f"datastore {folder} is a {manifest.get('kind')!r} datastore; this needs {kind!r}")
+    if manifest.get("format") != FORMAT or manifest.get("kind") != kind:
+        raise SpecdecError(f"datastore {folder}: {MANIFEST} is not a specdec datastore manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise SpecdecError(f"datastore {folder}: format version {manifest.get('format_version')} is not supported "
                            f"(this specdec reads version {FORMAT_VERSION}); rebuild it with `specdec build-datastore`")
