@@ -49,6 +49,7 @@ class BenchConfig:
     methods: list[str] = field(default_factory=lambda: ["ar"])
     prompts: str = "mt-bench"
     limit: int | None = None
+    offset: int = 0
     category: str | None = None
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -284,6 +285,13 @@ def identity_check(gens: list[Generation], reference: dict[tuple[str, int], list
     return {"lossless": not mismatches, "identical": len(gens) - len(mismatches), "mismatches": mismatches}
 
 
+def per_prompt_entry(g: Generation) -> dict:
+    """One generation's raw counts: enough to re-aggregate records of several runs (``merge_records``)."""
+    return {"prompt_id": g.prompt_id, "turn": g.turn, "new_tokens": len(g.tokens), "seconds": round(g.seconds, 6),
+            "forwards": g.forwards, "emitted": g.emitted, "drafted": g.drafted, "accepted": g.accepted,
+            "draft_s": None if g.draft_s is None else round(g.draft_s, 6)}
+
+
 def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float | None,
                      reference: dict | None) -> dict:
     """Aggregate metrics of one method over the prompt set (definitions in docs/bench.md)."""
@@ -307,8 +315,7 @@ def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float
         "lossless": None,
         "identical": None,
         "mismatches": [],
-        "per_prompt": [{"prompt_id": g.prompt_id, "turn": g.turn, "new_tokens": len(g.tokens),
-                        "seconds": round(g.seconds, 6)} for g in gens],
+        "per_prompt": [per_prompt_entry(g) for g in gens],
     }
     if reference is not None:
         row.update(identity_check(gens, reference))
@@ -400,7 +407,7 @@ def benchmark(cfg: BenchConfig, target, drafts) -> dict:
         torch.set_num_threads(cfg.threads)
     methods = method_list(cfg.methods)
     cfg.methods = methods
-    prompts = load_prompts(cfg.prompts, cfg.limit, cfg.category)
+    prompts = load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)
     generations = run_generations(target, drafts, cfg, prompts, methods)
     device = str(next(target.model.parameters()).device)
     return make_record(cfg, prompts, summarize(generations, methods, cfg.greedy), device)

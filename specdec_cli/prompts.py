@@ -198,8 +198,9 @@ PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
 }
 
 
-def load_prompts(name: str, limit: int | None = None, category: str | None = None) -> list[Prompt]:
-    """Prompts of a named set (or a ``.jsonl`` path), filtered by ``category`` first, then cut to ``limit``."""
+def load_prompts(name: str, limit: int | None = None, category: str | None = None, offset: int = 0) -> list[Prompt]:
+    """Prompts of a named set (or a ``.jsonl`` path): filtered by ``category``, then ``offset`` skipped, then cut
+    to ``limit``."""
     if name in PROMPT_SETS:
         prompts = PROMPT_SETS[name]()
     elif name.endswith((".jsonl", ".jsonl.gz")) or Path(name).is_file():
@@ -211,6 +212,9 @@ def load_prompts(name: str, limit: int | None = None, category: str | None = Non
         prompts = [p for p in prompts if p.category == category]
         if not prompts:
             raise SpecdecError(f"no prompts of category {category!r} in {name}; categories: {', '.join(known)}")
+    if offset < 0 or offset >= len(prompts):
+        raise SpecdecError(f"--offset must be in [0, {len(prompts)}) for {name}, got {offset}")
+    prompts = prompts[offset:]
     if limit is not None:
         if limit < 1:
             raise SpecdecError(f"--limit must be >= 1, got {limit}")

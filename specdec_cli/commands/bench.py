@@ -25,7 +25,8 @@ def bench(
     draft: Optional[List[str]] = typer.Option(None, "--draft", "-d", help="draft model (repeatable; int8:, bf16: copies)"),
     methods: List[str] = typer.Option(["ar"], "--methods", help=METHODS_HELP),
     prompts: str = typer.Option("mt-bench", "--prompts", "-p", help=PROMPTS_HELP),
-    limit: Optional[int] = typer.Option(None, "--limit", help="first N prompts (after --category)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="first N prompts (after --category and --offset)"),
+    offset: int = typer.Option(0, "--offset", help="skip the first N prompts (after --category): shard a long run"),
     category: Optional[str] = typer.Option(None, "--category", help="only prompts of this category (e.g. MT-Bench 'coding')"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 skips the identity check"),
@@ -53,7 +54,7 @@ def bench(
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
-                              limit=limit, category=category, max_new_tokens=max_new_tokens, temperature=temperature,
+                              limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens, temperature=temperature,
                               seed=seed, warmup=warmup, dtype=dtype, device=device, datastore=datastore,
                               window=window, options=parse_opts(opt), threads=threads)
         lib.method_list(cfg.methods)  # fail on a typo before loading anything
