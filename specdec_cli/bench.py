@@ -57,7 +57,7 @@ class BenchConfig:
     warmup: bool = True
     dtype: str = "auto"
     device: str = "auto"
-    datastore: str | None = None
+    datastore: list[str] = field(default_factory=list)  # DIR (every method) or METHOD=DIR, e.g. rest=ds/sa
     window: int | None = None
     options: dict[str, str] = field(default_factory=dict)
     threads: int | None = None  # torch.set_num_threads; 1 is far steadier on a busy CPU
@@ -103,11 +103,22 @@ def method_list(methods: list[str]) -> list[str]:
 # --- runners ----------------------------------------------------------------------------------------------------
 
 
+def datastore_for(method: str, specs: list[str] | str | None) -> str | None:
+    """The datastore directory for ``method`` from ``--datastore`` values: ``METHOD=DIR`` wins over a bare DIR."""
+    specs = [specs] if isinstance(specs, str) else list(specs or [])
+    bare = [s for s in specs if "=" not in s or s.split("=", 1)[0] not in api.METHODS]
+    named = dict(s.split("=", 1) for s in specs if s not in bare)
+    if len(bare) > 1:
+        raise SpecdecError(f"several --datastore directories without a method name: {', '.join(bare)}; "
+                           "write METHOD=DIR, e.g. --datastore rest=DIR --datastore aded=DIR")
+    return named.get(method, bare[0] if bare else None)
+
+
 def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     """A runner for one of our methods; the drafter is built once and reused, as ``specdec generate`` does."""
     try:
-        drafter = api.make_drafter(method, target, drafts, datastore=cfg.datastore, window=cfg.window,
-                                   options=cfg.options)
+        drafter = api.make_drafter(method, target, drafts, datastore=datastore_for(method, cfg.datastore),
+                                   window=cfg.window, options=cfg.options)
     except ModuleNotFoundError as err:
         raise SpecdecError(f"method {method!r} is not available in this installation ({err})") from None
     sampling = api.SamplingConfig(temperature=cfg.temperature)
@@ -413,6 +424,64 @@ def benchmark(cfg: BenchConfig, target, drafts) -> dict:
     return make_record(cfg, prompts, summarize(generations, methods, cfg.greedy), device)
 
 
+# --- merging shards: several runs of one configuration over disjoint prompts ----------------------------------
+
+MERGE_CONFIG_KEYS = ("model", "drafts", "methods", "prompts", "category", "max_new_tokens", "temperature", "dtype",
+                     "device", "datastore", "window", "options", "threads")
+MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformers")
+
+
+def generations_of(result: dict) -> list[Generation]:
+    """Generations rebuilt from a result's ``per_prompt`` counts (token values are not stored, only how many)."""
+    return [Generation(result["method"], p["prompt_id"], p["turn"], [0] * p["new_tokens"], p["seconds"],
+                       p.get("forwards"), p.get("emitted"), p.get("drafted"), p.get("accepted"), p.get("draft_s"))
+            for p in result["per_prompt"]]
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One record for several shards of a run (``--offset``/``--limit``): same configuration and machine, disjoint
+    prompts. Every metric is recomputed from the per-generation counts, speedups against the pooled ``ar``."""
+    if len(records) < 2:
+        raise SpecdecError("bench-merge needs at least two records")
+    for rec in records:
+        results = rec.get("results") if isinstance(rec, dict) else None
+        if rec.get("schema") != RECORD_SCHEMA or not results or not all("per_prompt" in r for r in results) \
+                or not any(r.get("method") == "ar" for r in results):
+            raise SpecdecError(f"not a {RECORD_SCHEMA} record with an ar result: {str(rec)[:60]}...")
+    base = records[0]
+    for rec in records[1:]:
+        diff = [k for k in MERGE_CONFIG_KEYS if rec["config"].get(k) != base["config"].get(k)]
+        diff += [f"machine {k}" for k in MERGE_MACHINE_KEYS if rec["machine"].get(k) != base["machine"].get(k)]
+        if diff:
+            raise SpecdecError(f"cannot merge records that differ in {', '.join(diff)}")
+    methods = base["config"]["methods"]
+    seen: set[tuple[str, int]] = set()
+    for rec in records:
+        ar = next(r for r in rec["results"] if r["method"] == "ar")
+        keys = {(p["prompt_id"], p["turn"]) for p in ar["per_prompt"]}
+        if keys & seen:
+            raise SpecdecError(f"records overlap in prompts, e.g. {sorted(keys & seen)[0][0]}; merge disjoint shards")
+        seen |= keys
+    rows = {m: [r for rec in records for r in rec["results"] if r["method"] == m] for m in methods}
+    ar_gens = [g for row in rows["ar"] for g in generations_of(row)]
+    ar_tps = ratio(sum(len(g.tokens) for g in ar_gens), sum(g.seconds for g in ar_gens))
+    results = []
+    for method in methods:
+        merged = summarize_method(method, [g for row in rows[method] for g in generations_of(row)], ar_tps, None)
+        checked = [row for row in rows[method] if row.get("lossless") is not None]
+        if checked and len(checked) == len(rows[method]):
+            merged.update(lossless=all(row["lossless"] for row in checked),
+                          identical=sum(row["identical"] for row in checked),
+                          mismatches=[m for row in checked for m in row["mismatches"]])
+        results.append(merged)
+    return {**base, "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "config": {**base["config"], "offset": None, "limit": None},
+            "num_prompts": sum(rec["num_prompts"] for rec in records), "results": results,
+            "merged_from": [{"timestamp": rec["timestamp"], "offset": rec["config"].get("offset"),
+                             "limit": rec["config"].get("limit"), "git_commit": rec.get("git_commit")}
+                            for rec in records]}
+
+
 # --- history: --out and --compare --------------------------------------------------------------------------------
 
 
@@ -424,11 +493,11 @@ def append_record(path: str, record: dict) -> None:
         raise SpecdecError(f"cannot write --out {path}: {err.strerror or err}") from None
 
 
-def read_records(path: str) -> list[dict]:
+def read_records(path: str, what: str = "--compare") -> list[dict]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as err:
-        raise SpecdecError(f"cannot read --compare {path}: {err.strerror or err}") from None
+        raise SpecdecError(f"cannot read {what} {path}: {err.strerror or err}") from None
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -436,7 +505,7 @@ def read_records(path: str) -> list[dict]:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            raise SpecdecError(f"--compare {path}: line {n} is not JSON") from None
+            raise SpecdecError(f"{what} {path}: line {n} is not JSON") from None
     return records
 
 

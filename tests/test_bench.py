@@ -253,3 +253,60 @@ def test_runners_on_a_tiny_model_greedy_and_sampled():
     assert a == lib.make_runner("hf", target, [], hot)(ids, 12).tokens  # seeded: reproducible
     with pytest.raises(SpecdecError, match="needs a draft"):
         lib.make_runner("hf-assisted", target, [], cfg)
+
+
+# --- sharding: --offset, per-method --datastore, bench-merge (no model) -------------------------------------------
+
+
+def test_offset_skips_prompts_after_category_and_is_checked():
+    assert [p.id for p in load_prompts("humaneval", limit=2, offset=5)] == ["HumanEval/5", "HumanEval/6"]
+    coding = load_prompts("mt-bench", category="coding")
+    assert load_prompts("mt-bench", category="coding", offset=3)[0].id == coding[3].id
+    with pytest.raises(SpecdecError, match="--offset"):
+        load_prompts("humaneval", offset=164)
+
+
+def test_datastore_per_method():
+    specs = ["rest=ds/sa", "aded=ds/tri"]
+    assert lib.datastore_for("rest", specs) == "ds/sa" and lib.datastore_for("aded", specs) == "ds/tri"
+    assert lib.datastore_for("rest", ["ds/all"]) == "ds/all" and lib.datastore_for("pld", []) is None
+    assert lib.datastore_for("aded", ["ds/all", "rest=ds/sa"]) == "ds/all"
+    with pytest.raises(SpecdecError, match="METHOD=DIR"):
+        lib.datastore_for("rest", ["a", "b"])
+
+
+def gen(method, pid, tokens, seconds, forwards=None, drafted=None, accepted=None):
+    return lib.Generation(method, pid, 0, [1] * tokens, seconds, forwards=forwards, emitted=tokens,
+                          drafted=drafted, accepted=accepted, draft_s=0.0 if forwards else None)
+
+
+def shard_record(gens, offset):
+    cfg = lib.BenchConfig(methods=["ar", "pld"], prompts="humaneval", offset=offset, limit=2)
+    results = lib.summarize(gens, ["ar", "pld"], greedy=True)
+    return lib.make_record(cfg, [None, None], results, "cpu")
+
+
+def test_merge_records_pools_counts_of_disjoint_shards(tmp_path):
+    a = shard_record([gen("ar", "p0", 10, 1.0, 10), gen("ar", "p1", 10, 1.0, 10),
+                      gen("pld", "p0", 10, 0.5, 5, 8, 5), gen("pld", "p1", 10, 0.5, 5, 8, 5)], 0)
+    b = shard_record([gen("ar", "p2", 20, 2.0, 20), gen("ar", "p3", 20, 4.0, 20),
+                      gen("pld", "p2", 20, 3.0, 10, 20, 10), gen("pld", "p3", 20, 3.0, 10, 20, 10)], 2)
+    merged = lib.merge_records([a, b])
+    ar, pld = merged["results"]
+    assert merged["num_prompts"] == 4 and [m["offset"] for m in merged["merged_from"]] == [0, 2]
+    assert ar["tokens_per_s"] == pytest.approx(60 / 8) and pld["tokens_per_s"] == pytest.approx(60 / 7)
+    assert pld["speedup"] == pytest.approx(8 / 7)
+    assert pld["mean_accepted_length"] == pytest.approx(60 / 30) and pld["sigma"] == pytest.approx(1 - 30 / 56)
+    assert pld["lossless"] and pld["identical"] == 4
+    with pytest.raises(SpecdecError, match="overlap"):
+        lib.merge_records([a, a])
+    c = copy.deepcopy(b)
+    c["config"]["max_new_tokens"] = 64
+    with pytest.raises(SpecdecError, match="max_new_tokens"):
+        lib.merge_records([a, c])
+    for i, rec in enumerate((a, b)):
+        lib.append_record(str(tmp_path / f"{i}.jsonl"), rec)
+    res = CliRunner().invoke(app, ["bench-merge", str(tmp_path / "0.jsonl"), str(tmp_path / "1.jsonl"), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["num_prompts"] == 4
+    res = CliRunner().invoke(app, ["bench-merge", str(tmp_path / "0.jsonl"), str(tmp_path / "0.jsonl")])
+    assert res.exit_code == 2 and "overlap" in res.output

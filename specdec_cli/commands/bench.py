@@ -35,7 +35,8 @@ def bench(
     dtype: str = typer.Option("auto", "--dtype"),
     device: str = typer.Option("auto", "--device"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
-    datastore: Optional[str] = typer.Option(None, "--datastore", help="datastore directory (rest, aded)"),
+    datastore: Optional[List[str]] = typer.Option(None, "--datastore", help="datastore directory for rest/aded; "
+                                                  "repeatable as METHOD=DIR, e.g. rest=DIR and aded=DIR"),
     window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default when unset)"),
     opt: Optional[List[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable)"),
     out: Optional[str] = typer.Option(None, "--out", help="append this run's record to a JSONL file"),
@@ -55,9 +56,10 @@ def bench(
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens, temperature=temperature,
-                              seed=seed, warmup=warmup, dtype=dtype, device=device, datastore=datastore,
+                              seed=seed, warmup=warmup, dtype=dtype, device=device, datastore=list(datastore or []),
                               window=window, options=parse_opts(opt), threads=threads)
         lib.method_list(cfg.methods)  # fail on a typo before loading anything
+        lib.datastore_for("rest", cfg.datastore)
         old_records = lib.read_records(compare_to) if compare_to else None
         quiet_libraries()
         target, drafts = api.load(model, cfg.drafts, dtype, device)
@@ -82,5 +84,34 @@ def report(lib, record: dict, findings, tolerance: float, as_json: bool) -> None
     sys.stdout.flush()
 
 
+def bench_merge(
+    files: List[str] = typer.Argument(..., help="JSONL files written by bench --out (the last record of each)"),
+    all_records: bool = typer.Option(False, "--all", help="merge every record of the files, not the last of each"),
+    out: Optional[str] = typer.Option(None, "--out", help="append the merged record to a JSONL file"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG bar chart of speedups"),
+    as_json: bool = typer.Option(False, "--json", help="print the merged record as one JSON object"),
+) -> None:
+    """Merge shards of one benchmark (bench --offset/--limit runs over disjoint prompts) into one record."""
+    from ..cli import user_errors
+
+    with user_errors():
+        from .. import bench as lib
+        from ..errors import SpecdecError
+
+        records = []
+        for path in files:
+            found = lib.read_records(path, "record file")
+            if not found:
+                raise SpecdecError(f"no records in {path}")
+            records += found if all_records else found[-1:]
+        record = lib.merge_records(records)
+        if out:
+            lib.append_record(out, record)
+        if plot:
+            lib.plot_speedups(record, plot)
+        report(lib, record, None, 0.0, as_json)
+
+
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
+    app.command("bench-merge")(bench_merge)

@@ -1,0 +1,137 @@
+"""The same correctness checks on a CUDA GPU (skipped where there is none, as in CI).
+
+Run on a GPU machine with ``pytest tests/test_gpu.py``: tree/chain equivalence and cache rollback on the device,
+greedy losslessness of every method on SmolLM2 loaded with ``device_map="auto"``, and an end-to-end chi-square
+test of ``sd`` sampling with models on the GPU.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec_cli import api, engine
+from specdec_cli.decoding import generate
+from specdec_cli.sampling import SamplingConfig
+
+from conftest import CHAT_PROMPTS, tiny_gemma3, tiny_llama
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA = torch.device("cuda")
+NEW_TOKENS = 48
+CODE_PROMPT = 'import argparse\n\n\ndef main():\n    parser = argparse.ArgumentParser(description="Copy files.")\n'
+
+
+def on_gpu(model):
+    return model.to(CUDA)
+
+
+def chain_logits(model, tokens):
+    return engine.forward_chain(model, engine.new_cache(), tokens)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_tree_forward_matches_chain_forward_on_gpu(make):
+    model = on_gpu(make(vocab=16))
+    prefix = [1, 7, 3, 9, 4, 12, 5, 2, 8]  # longer than tiny_gemma3's sliding window
+    tokens, parents = [3, 5, 7, 5, 2, 9, 1], [-1, -1, 0, 0, 1, 3, 5]
+    cache = engine.new_cache()
+    engine.forward_chain(model, cache, prefix[:-1])
+    tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
+    assert tree.device.type == "cuda"
+    for i in range(len(tokens)):
+        path, node = [], i
+        while node >= 0:
+            path.insert(0, tokens[node])
+            node = parents[node]
+        assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=1e-4), f"node {i}"
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_cache_rollback_on_gpu(make):
+    model = on_gpu(make(vocab=16))
+    prefix = [1, 2, 3, 4, 5, 6, 7]
+    cache = engine.new_cache()
+    engine.forward_chain(model, cache, prefix[:-1])
+    engine.forward_tree(model, cache, prefix[-1], [8, 9, 10, 11, 12], [-1, -1, 1, 2, 2])
+    engine.keep(cache, len(prefix) - 1, [0, 2, 3, 5])
+    after = engine.forward_chain(model, cache, [13])[-1]
+    assert torch.allclose(after, chain_logits(model, prefix + [9, 10, 12, 13])[-1], atol=1e-4)
+    engine.crop(cache, 4)
+    after = engine.forward_chain(model, cache, [11])[-1]
+    assert torch.allclose(after, chain_logits(model, prefix[:4] + [11])[-1], atol=1e-4)
+
+
+def test_sd_sampling_preserves_target_distribution_on_gpu():
+    from test_engine import RandomChainDrafter, exact_two_token_distribution
+
+    target, draft = on_gpu(tiny_llama(seed=0)), on_gpu(tiny_llama(seed=1))
+    cfg = SamplingConfig(temperature=1.0)
+    prompt = [1, 4, 2]
+    expected = exact_two_token_distribution(target, prompt, cfg).cpu()
+    drafter = RandomChainDrafter(draft, k=3)
+    n = 1500
+    counts = torch.zeros(64)
+    for seed in range(n):
+        out = generate(target, prompt, drafter, max_new_tokens=2, sampling=cfg, seed=seed).tokens
+        counts[out[0] * 8 + out[1]] += 1
+    keep = expected * n >= 5
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep] * n, (expected[~keep] * n).sum().view(1)])
+    assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-3
+
+
+# ------------------------------------------------------------------------------------- SmolLM2 on the GPU
+
+
+@pytest.fixture(scope="module")
+def gpu_smollm2():
+    target = api.load_model("smollm2-135m", dtype="float32", device="auto")  # device_map="auto"
+    assert next(target.model.parameters()).device.type == "cuda"
+    return target
+
+
+@pytest.fixture(scope="module")
+def gpu_cases(gpu_smollm2):
+    texts = [(t, False) for t in CHAT_PROMPTS[:2]] + [(CODE_PROMPT, True)]
+    cases = []
+    for text, raw in texts:
+        ids = api.encode_prompt(gpu_smollm2, text, raw=raw, max_new_tokens=NEW_TOKENS)
+        ar = api.run(gpu_smollm2, ids, api.make_drafter("ar", gpu_smollm2), max_new_tokens=NEW_TOKENS).tokens
+        cases.append((ids, ar))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def gpu_stores(gpu_smollm2, tmp_path_factory):
+    from specdec_cli.datastore import build_suffix_array_datastore
+    from specdec_cli.trigram import build_trigram_datastore
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:40]
+    tok = gpu_smollm2.tokenizer
+    docs = [tok(f.read_text(errors="ignore"), add_special_tokens=False)["input_ids"] for f in files]
+    root = tmp_path_factory.mktemp("gpu-stores")
+    build_suffix_array_datastore(iter(docs), root / "sa", tokenizer_fingerprint=gpu_smollm2.fingerprint,
+                                 vocab_size=len(tok), progress=False)
+    build_trigram_datastore(iter(docs), root / "tri", fingerprint=gpu_smollm2.fingerprint,
+                            vocab_size=gpu_smollm2.vocab_size, progress=False)
+    return {"rest": str(root / "sa"), "aded": str(root / "tri")}
+
+
+@pytest.mark.parametrize("method", ["sd", "self-verify", "hsddw", "pld", "ngram-trie", "rest", "aded"])
+def test_every_method_greedy_matches_ar_on_gpu(gpu_smollm2, gpu_cases, gpu_stores, method):
+    drafts = []
+    if method in ("sd", "self-verify", "hsddw"):
+        drafts = [api.load_draft("bf16:", gpu_smollm2)]
+    if method == "hsddw":
+        drafts.append(api.load_draft("smollm2-135m", gpu_smollm2, dtype="float32", device="auto"))
+    drafter = api.make_drafter(method, gpu_smollm2, drafts, datastore=gpu_stores.get(method))
+    for ids, expected in gpu_cases:
+        result = api.run(gpu_smollm2, ids, drafter, max_new_tokens=NEW_TOKENS)
+        assert result.tokens == expected, method
+        assert result.summary()["accepted"] <= result.summary()["drafted"]
