@@ -1,13 +1,15 @@
 """The tri-gram matrix of ADED (Liu et al.): ``P(c | a, b)`` from corpus counts, pruned to the top-k per context.
 
-On disk (a directory, written into a temporary sibling and moved into place with ``os.replace``)::
+On disk (a directory in the shared specdec datastore layout of ``datastore/format.py``: written into a temporary
+sibling and moved into place with ``os.replace``)::
 
     keys.npy      int64   [C]      sorted context keys ``a * V + b``
     offsets.npy   int64   [C + 1]  CSR row offsets into the two arrays below
     next_ids.npy  int32   [E]      next tokens of each context, most frequent first
     counts.npy    float32 [E]      their counts (float so that an adapted matrix can be saved in the same format)
-    manifest.json                  format version, kind "trigram", tokenizer fingerprint, vocab size, sha256s;
-                                   written last, so a half-written store has no manifest
+    manifest.json                  format "specdec-datastore", kind "trigram", format version, tokenizer
+                                   fingerprint, vocab size, sizes and sha256s; written last, so a half-written
+                                   store has no manifest
 
 Loading memory-maps the arrays. :class:`TrigramMatrix` adds an in-memory *overlay* of adapted rows (ADED's
 Algorithm 2) on top of the read-only base; :meth:`TrigramMatrix.save` merges both into a new store.
@@ -15,22 +17,17 @@ Algorithm 2) on top of the read-only base; :meth:`TrigramMatrix.save` merges bot
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from .datastore.format import sha256_file
+from .datastore import format as fmt
 from .errors import SpecdecError
 
 KIND = "trigram"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 ARRAYS = {"keys": np.int64, "offsets": np.int64, "next_ids": np.int32, "counts": np.float32}
 CHUNK_TRIGRAMS = 8_000_000  # distinct-trigram counting is done in chunks of this many trigrams
 
@@ -54,7 +51,8 @@ def build_trigram_datastore(token_docs: Iterable[list[int]], out_dir, fingerprin
     keys3, counts, docs, tokens = count_trigrams(token_docs, vocab_size, progress)
     keys, offsets, next_ids, row_counts = prune_top_k(keys3, counts, vocab_size, top_k)
     arrays = {"keys": keys, "offsets": offsets, "next_ids": next_ids, "counts": row_counts}
-    extra = {"top_k": top_k, "documents": docs, "tokens": tokens, "distinct_trigrams": int(keys3.size)}
+    extra = {"top_k": top_k, "documents": docs, "tokens": tokens, "num_documents": docs, "num_tokens": tokens,
+             "distinct_trigrams": int(keys3.size)}
     write_store(out_dir, arrays, fingerprint=fingerprint, vocab_size=vocab_size, extra={**(meta or {}), **extra})
     stats = {**extra, "contexts": int(keys.size), "entries": int(next_ids.size), "bytes": store_bytes(out_dir)}
     if progress:
@@ -146,64 +144,28 @@ def store_bytes(out_dir) -> int:
 def write_store(out_dir, arrays: dict[str, np.ndarray], *, fingerprint: str, vocab_size: int, extra: dict) -> None:
     """Write the arrays and (last) the manifest into a temporary sibling directory, then move it into place."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = fmt.new_build_dir(out)
     try:
-        files = {}
         for name, dtype in ARRAYS.items():
-            path = tmp / f"{name}.npy"
-            np.save(path, np.ascontiguousarray(arrays[name], dtype=dtype))
-            files[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-        manifest = {"format_version": FORMAT_VERSION, "kind": KIND, "tokenizer_fingerprint": fingerprint,
-                    "vocab_size": int(vocab_size), "contexts": int(arrays["keys"].size),
-                    "entries": int(arrays["next_ids"].size), **extra, "files": files}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        move_into_place(tmp, out)
-    except BaseException:
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=dtype))
+        files = {f"{name}.npy": fmt.file_entry(tmp / f"{name}.npy") for name in ARRAYS}
+        manifest = {"format": fmt.FORMAT, "kind": KIND, "format_version": fmt.VERSIONS[KIND],
+                    "tokenizer_fingerprint": fingerprint, "vocab_size": int(vocab_size),
+                    "contexts": int(arrays["keys"].size), "entries": int(arrays["next_ids"].size), **extra,
+                    "files": files}
+        fmt.write_manifest(tmp, manifest)
+        fmt.move_into_place(tmp, out)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def move_into_place(tmp: Path, out: Path) -> None:
-    """``os.replace`` the finished directory over ``out`` (an old store is moved aside first, then removed)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(folder: Path) -> dict:
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise SpecdecError(f"{folder} is not a tri-gram store (no {MANIFEST}; build one with "
-                           f"`specdec build-datastore --kind trigram`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise SpecdecError(f"{path}: unreadable manifest ({err})") from None
-    if manifest.get("kind") != KIND:
-        raise SpecdecError(f"{folder} is a {manifest.get('kind', 'unknown')!r} datastore, not a tri-gram store")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise SpecdecError(f"{folder}: tri-gram store format {manifest.get('format_version')} is not supported "
-                           f"(expected {FORMAT_VERSION}); rebuild it")
+    """The shared manifest checks, plus: all four arrays are listed."""
+    manifest = fmt.read_manifest(folder, KIND)
+    missing = [f"{name}.npy" for name in ARRAYS if f"{name}.npy" not in manifest["files"]]
+    if missing:
+        raise SpecdecError(f"datastore {folder}: the manifest lists no {', '.join(missing)}; rebuild it")
     return manifest
-
-
-def check_files(folder: Path, manifest: dict, verify_checksums: bool) -> None:
-    """Every listed file exists with its recorded size (and sha256): refuses truncated or corrupt stores."""
-    files = manifest.get("files", {})
-    for name in ARRAYS:
-        entry = files.get(f"{name}.npy")
-        path = folder / f"{name}.npy"
-        if entry is None or not path.is_file():
-            raise SpecdecError(f"{folder}: tri-gram store is incomplete ({name}.npy missing); rebuild it")
-        if path.stat().st_size != entry.get("bytes"):
-            raise SpecdecError(f"{folder}: {name}.npy is truncated or altered (size differs from the manifest)")
-        if verify_checksums and sha256_file(path) != entry.get("sha256"):
-            raise SpecdecError(f"{folder}: {name}.npy is corrupt (sha256 differs from the manifest)")
 
 
 def load_arrays(folder: Path) -> dict[str, np.ndarray]:
@@ -251,14 +213,11 @@ class TrigramMatrix:
              ) -> "TrigramMatrix":
         """Open a store; raises :class:`SpecdecError` for another tokenizer or a corrupt/truncated store."""
         folder = Path(folder)
-        if not folder.is_dir():
-            raise SpecdecError(f"tri-gram store {folder} does not exist")
         manifest = read_manifest(folder)
-        got = manifest.get("tokenizer_fingerprint")
-        if expected_fingerprint is not None and got != expected_fingerprint:
-            raise SpecdecError(f"tri-gram store {folder} was built with another tokenizer (fingerprint "
-                               f"{str(got)[:8]}, the model's is {expected_fingerprint[:8]}); rebuild it for this model")
-        check_files(folder, manifest, verify_checksums)
+        got = manifest["tokenizer_fingerprint"]
+        if expected_fingerprint is not None:
+            fmt.check_tokenizer(folder, manifest, expected_fingerprint)
+        fmt.check_files(folder, manifest, verify_checksums)
         arrays = load_arrays(folder)
         check_structure(folder, arrays)
         return cls(**arrays, vocab_size=manifest["vocab_size"], fingerprint=got, top_k=manifest.get("top_k", 12),
@@ -378,7 +337,7 @@ class TrigramMatrix:
         """Write base + overlay as a new store (same format); returns its manifest statistics."""
         arrays = self.merged_arrays()
         extra = {"top_k": self.top_k, "adapted_contexts": len(self.overlay),
-                 **{k: self.meta[k] for k in ("documents", "tokens") if k in self.meta}}
+                 **{k: self.meta[k] for k in ("documents", "tokens", "num_documents", "num_tokens") if k in self.meta}}
         write_store(out_dir, arrays, fingerprint=self.fingerprint, vocab_size=self.vocab_size, extra=extra)
         return {**extra, "contexts": int(arrays["keys"].size), "entries": int(arrays["next_ids"].size),
                 "bytes": store_bytes(out_dir)}

@@ -121,9 +121,9 @@ def test_store_refuses_other_tokenizer_and_corruption(tmp_path):
     with pytest.raises(SpecdecError, match="truncated"):
         TrigramMatrix.load(out, "fp")
     (out / "manifest.json").unlink()
-    with pytest.raises(SpecdecError, match="not a tri-gram store"):
+    with pytest.raises(SpecdecError, match="no manifest.json"):
         TrigramMatrix.load(out, "fp")
-    with pytest.raises(SpecdecError, match="does not exist"):
+    with pytest.raises(SpecdecError, match="no such directory"):
         TrigramMatrix.load(tmp_path / "missing", "fp")
 
 
@@ -158,3 +158,19 @@ def test_aded_greedy_matches_ar(smollm2, stdlib_store, greedy_cases, tmp_path):
     assert drafter.stats()["adapted_contexts"] > 0
     drafter.save_adapted(tmp_path / "adapted")
     assert TrigramMatrix.load(tmp_path / "adapted", smollm2.fingerprint).overlay == {}
+
+
+def test_store_kinds_share_one_manifest_and_refuse_each_other(tmp_path):
+    from specdec_cli.datastore import build_suffix_array_datastore
+    from specdec_cli.datastore import format as fmt
+
+    build_trigram_datastore([[1, 2, 3, 4, 5]], tmp_path / "tri", fingerprint="fp", vocab_size=V, progress=False)
+    build_suffix_array_datastore([[1, 2, 3, 4, 5]], tmp_path / "sa", tokenizer_fingerprint="fp", vocab_size=V,
+                                 progress=False)
+    tri = fmt.read_manifest(tmp_path / "tri", "trigram")
+    assert tri["format"] == fmt.FORMAT and tri["num_tokens"] == 5
+    fmt.check_files(tmp_path / "tri", tri, verify=True)
+    with pytest.raises(SpecdecError, match="is a 'suffix-array' datastore; this needs 'trigram'"):
+        TrigramMatrix.load(tmp_path / "sa", "fp")
+    with pytest.raises(SpecdecError, match="is a 'trigram' datastore; this needs 'suffix-array'"):
+        fmt.read_manifest(tmp_path / "tri")

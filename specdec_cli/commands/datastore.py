@@ -109,11 +109,8 @@ def _summary(out: Path, manifest: dict, seconds: float) -> dict:
 def _verify_existing(out: str, kind: str) -> None:
     from ..datastore import format as fmt
 
-    if kind != "suffix-array":
-        from ..errors import SpecdecError
-
-        raise SpecdecError("--verify checks suffix-array datastores only")
     folder = Path(out)
-    manifest = fmt.read_manifest(folder)
+    manifest = fmt.read_manifest(folder, kind)
     fmt.check_files(folder, manifest, verify=True)
-    typer.echo(f"{folder}: ok ({manifest['num_tokens']} tokens, {len(manifest['files'])} files verified)", err=True)
+    typer.echo(f"{folder}: ok ({kind}, {manifest.get('num_tokens', manifest.get('tokens'))} tokens, "
+               f"{len(manifest['files'])} files verified)", err=True)

@@ -8,9 +8,7 @@ interrupted build never leaves something that looks like a valid datastore.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -93,9 +91,7 @@ def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, 
     out = Path(out)
     width = fmt.token_width(vocab_size)
     shard_bytes = min(shard_bytes, MAX_SHARD_BYTES)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a datastore is ordinary shared data
+    tmp = fmt.new_build_dir(out)
     t0 = time.perf_counter()
     counter = {"tokens": 0, "documents": 0}
     try:
@@ -118,7 +114,7 @@ def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, 
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(meta or {}),
         }
         fmt.write_manifest(tmp, manifest)
-        _move_into_place(tmp, out)
+        fmt.move_into_place(tmp, out)
         return manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -136,16 +132,3 @@ def _write_shard(folder: Path, index: int, docs: list[list[int]], width: int, pr
     np.save(folder / names["sa"], sa)
     return {**names, "bytes": int(data.size), "tokens": int(data.size // width), "suffixes": int(sa.size),
             "documents": len(docs)}
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by the finished ``tmp``; an old datastore there is removed only now."""
-    if out.exists():
-        if not (out / fmt.MANIFEST).exists() and any(out.iterdir()):
-            raise SpecdecError(f"--out {out} exists and is not a datastore; refusing to overwrite it")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)

@@ -1,4 +1,9 @@
-"""On-disk format of a suffix-array datastore (see docs/datastore-format.md): token coding, manifest, checks.
+"""On-disk format of specdec datastores (see docs/datastore-format.md): token coding, manifest, checks.
+
+Both kinds -- REST's suffix arrays (``kind: "suffix-array"``) and ADED's tri-gram matrices (``kind: "trigram"``,
+see ``specdec_cli/trigram.py``) -- share one manifest layout (``format``, ``kind``, ``format_version``,
+``tokenizer_fingerprint``, ``vocab_size``, ``files`` with sizes and sha256s), written last, and one way of being
+built: into a temporary sibling directory that is renamed into place when complete.
 
 Tokens are stored as fixed-width big-endian bytes so that a *byte-level* suffix array (libdivsufsort) sorts
 token-aligned suffixes in token order: big-endian fixed width makes byte order equal token order.
@@ -9,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +26,9 @@ FORMAT = "specdec-datastore"
 KIND = "suffix-array"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+VERSIONS = {"suffix-array": FORMAT_VERSION, "trigram": 1}  # format version of each kind this specdec reads
+COMMON_KEYS = ("tokenizer_fingerprint", "vocab_size", "files")
+REQUIRED = {"suffix-array": COMMON_KEYS + ("token_width", "shards"), "trigram": COMMON_KEYS}
 MAX_WIDTH2_VOCAB = 0xFFFF - 1  # ids 0..65533 fit in 2 bytes with 0xFFFF kept for the separator
 MAX_WIDTH3_VOCAB = 0xFFFFFF - 1
 
@@ -73,27 +83,48 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     os.replace(tmp, folder / MANIFEST)
 
 
+def new_build_dir(out: Path) -> Path:
+    """An empty temporary sibling of ``out`` to build into (same file system, so the final rename is atomic)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a datastore is ordinary shared data
+    return tmp
+
+
+def move_into_place(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by the finished ``tmp``; an old datastore there is removed only now."""
+    if out.exists():
+        if not (out / MANIFEST).exists() and any(out.iterdir()):
+            raise SpecdecError(f"--out {out} exists and is not a datastore; refusing to overwrite it")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
 def read_manifest(folder: Path, kind: str = KIND) -> dict:
-    """Parse and sanity-check manifest.json; every problem is one SpecdecError line."""
+    """Parse and sanity-check the manifest of a ``kind`` datastore; every problem is one SpecdecError line."""
     path = folder / MANIFEST
     if not folder.is_dir():
         raise SpecdecError(f"datastore {folder}: no such directory")
     if not path.exists():
-        raise SpecdecError(f"datastore {folder}: no {MANIFEST} (not a datastore, or the build did not finish)")
+        raise SpecdecError(f"datastore {folder}: no {MANIFEST} (not a datastore, or the build did not finish; "
+                           f"build one with `specdec build-datastore --kind {kind}`)")
     try:
         manifest = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
+    except (OSError, ValueError, UnicodeDecodeError) as err:
         raise SpecdecError(f"datastore {folder}: corrupt {MANIFEST} ({err})") from None
-    if not isinstance(manifest, dict):
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise SpecdecError(f"datastore {folder}: {MANIFEST} is not a specdec datastore manifest")
-    if manifest.get("kind") not in (None, kind):  # e.g. a tri-gram store (its own manifest layout) given to rest
+    if manifest.get("kind") != kind:
         raise SpecdecError(f"datastore {folder} is a {manifest.get('kind')!r} datastore; this needs {kind!r}")
-    if manifest.get("format") != FORMAT or manifest.get("kind") != kind:
-        raise SpecdecError(f"datastore {folder}: {MANIFEST} is not a specdec datastore manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise SpecdecError(f"datastore {folder}: format version {manifest.get('format_version')} is not supported "
-                           f"(this specdec reads version {FORMAT_VERSION}); rebuild it with `specdec build-datastore`")
-    for key in ("tokenizer_fingerprint", "vocab_size", "token_width", "files", "shards"):
+    if manifest.get("format_version") != VERSIONS[kind]:
+        raise SpecdecError(f"datastore {folder}: {kind} format version {manifest.get('format_version')} is not "
+                           f"supported (this specdec reads version {VERSIONS[kind]}); rebuild it with "
+                           f"`specdec build-datastore`")
+    for key in REQUIRED[kind]:
         if key not in manifest:
             raise SpecdecError(f"datastore {folder}: {MANIFEST} lacks {key!r}")
     return manifest
@@ -107,7 +138,8 @@ def check_files(folder: Path, manifest: dict, verify: bool = False) -> None:
             raise SpecdecError(f"datastore {folder}: missing file {name} (truncated copy?)")
         size = path.stat().st_size
         if size != entry.get("bytes"):
-            raise SpecdecError(f"datastore {folder}: {name} has {size} bytes, the manifest says {entry.get('bytes')}")
+            raise SpecdecError(f"datastore {folder}: {name} has {size} bytes, the manifest says {entry.get('bytes')} "
+                               f"(truncated or altered)")
         if verify and sha256_file(path) != entry.get("sha256"):
             raise SpecdecError(f"datastore {folder}: checksum mismatch for {name} (corrupt file)")
 
