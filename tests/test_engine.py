@@ -9,7 +9,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_cli import engine
-from specdec_cli.decoding import Draft, Drafter, generate
+from specdec_cli.decoding import Drafter, generate
 from specdec_cli.sampling import SamplingConfig, logits_to_probs
 from specdec_cli.verify import verify_rejection, verify_tree
 
@@ -132,14 +132,12 @@ def exact_two_token_distribution(model, prompt, cfg):
     return table.flatten()
 
 
-def test_sd_sampling_preserves_target_distribution():
-    """End to end on a tiny random model: the first two sampled tokens of sd follow the target's law."""
-    target, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+def sd_two_token_pvalue(target, draft, n: int = 1500) -> float:
+    """Chi-square p-value of the first two tokens sd samples (n seeds) against the target's exact law."""
     cfg = SamplingConfig(temperature=1.0)
     prompt = [1, 4, 2]
-    expected = exact_two_token_distribution(target, prompt, cfg)
+    expected = exact_two_token_distribution(target, prompt, cfg).cpu()
     drafter = RandomChainDrafter(draft, k=3)
-    n = 1500
     counts = torch.zeros(64)
     for seed in range(n):
         out = generate(target, prompt, drafter, max_new_tokens=2, sampling=cfg, seed=seed).tokens
@@ -147,7 +145,12 @@ def test_sd_sampling_preserves_target_distribution():
     keep = expected * n >= 5
     obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
     exp = torch.cat([expected[keep] * n, (expected[~keep] * n).sum().view(1)])
-    assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-3
+    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+
+
+def test_sd_sampling_preserves_target_distribution():
+    """End to end on a tiny random model: the first two sampled tokens of sd follow the target's law."""
+    assert sd_two_token_pvalue(tiny_llama(seed=0), tiny_llama(seed=1)) > 1e-3
 
 
 def test_generate_respects_budget_and_stop_ids():
