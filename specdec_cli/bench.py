@@ -445,7 +445,7 @@ def merge_records(records: list[dict]) -> dict:
         raise SpecdecError("bench-merge needs at least two records")
     for rec in records:
         results = rec.get("results") if isinstance(rec, dict) else None
-        if rec.get("schema") != RECORD_SCHEMA or not results or not all("per_prompt" in r for r in results) \
+        if not results or rec.get("schema") != RECORD_SCHEMA or not all("per_prompt" in r for r in results) \
                 or not any(r.get("method") == "ar" for r in results):
             raise SpecdecError(f"not a {RECORD_SCHEMA} record with an ar result: {str(rec)[:60]}...")
     base = records[0]

@@ -51,13 +51,13 @@ def build_trigram_datastore(token_docs: Iterable[list[int]], out_dir, fingerprin
     keys3, counts, docs, tokens = count_trigrams(token_docs, vocab_size, progress)
     keys, offsets, next_ids, row_counts = prune_top_k(keys3, counts, vocab_size, top_k)
     arrays = {"keys": keys, "offsets": offsets, "next_ids": next_ids, "counts": row_counts}
-    extra = {"top_k": top_k, "documents": docs, "tokens": tokens, "num_documents": docs, "num_tokens": tokens,
-             "distinct_trigrams": int(keys3.size)}
+    extra = {"top_k": top_k, "num_documents": docs, "num_tokens": tokens, "distinct_trigrams": int(keys3.size)}
     write_store(out_dir, arrays, fingerprint=fingerprint, vocab_size=vocab_size, extra={**(meta or {}), **extra})
-    stats = {**extra, "contexts": int(keys.size), "entries": int(next_ids.size), "bytes": store_bytes(out_dir)}
+    stats = {**extra, "documents": docs, "tokens": tokens, "contexts": int(keys.size), "entries": int(next_ids.size),
+             "bytes": store_bytes(out_dir)}
     if progress:
         print(f"trigram store: {stats}", file=sys.stderr)
-    return {**stats, "kind": KIND, "num_tokens": tokens, "num_documents": docs}
+    return {**stats, "kind": KIND}
 
 
 def check_vocab(vocab_size: int) -> None:
@@ -337,7 +337,7 @@ class TrigramMatrix:
         """Write base + overlay as a new store (same format); returns its manifest statistics."""
         arrays = self.merged_arrays()
         extra = {"top_k": self.top_k, "adapted_contexts": len(self.overlay),
-                 **{k: self.meta[k] for k in ("documents", "tokens", "num_documents", "num_tokens") if k in self.meta}}
+                 **{k: self.meta[k] for k in ("num_documents", "num_tokens") if k in self.meta}}
         write_store(out_dir, arrays, fingerprint=self.fingerprint, vocab_size=self.vocab_size, extra=extra)
         return {**extra, "contexts": int(arrays["keys"].size), "entries": int(arrays["next_ids"].size),
                 "bytes": store_bytes(out_dir)}

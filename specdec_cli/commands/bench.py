@@ -55,11 +55,11 @@ def bench(
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
-                              limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens, temperature=temperature,
-                              seed=seed, warmup=warmup, dtype=dtype, device=device, datastore=list(datastore or []),
-                              window=window, options=parse_opts(opt), threads=threads)
+                              limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
+                              temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
+                              datastore=list(datastore or []), window=window, options=parse_opts(opt), threads=threads)
         lib.method_list(cfg.methods)  # fail on a typo before loading anything
-        lib.datastore_for("rest", cfg.datastore)
+        lib.datastore_for("rest", cfg.datastore)  # ... and on ambiguous --datastore values
         old_records = lib.read_records(compare_to) if compare_to else None
         quiet_libraries()
         target, drafts = api.load(model, cfg.drafts, dtype, device)

@@ -112,5 +112,5 @@ def _verify_existing(out: str, kind: str) -> None:
     folder = Path(out)
     manifest = fmt.read_manifest(folder, kind)
     fmt.check_files(folder, manifest, verify=True)
-    typer.echo(f"{folder}: ok ({kind}, {manifest.get('num_tokens', manifest.get('tokens'))} tokens, "
+    typer.echo(f"{folder}: ok ({kind}, {manifest.get('num_tokens')} tokens, "
                f"{len(manifest['files'])} files verified)", err=True)
