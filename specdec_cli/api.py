@@ -10,6 +10,10 @@
 
 from __future__ import annotations
 
+import sys
+
+from . import hardware, kernels
+from .budget import Budget, parse_budget
 from .decoding import Drafter, GenerationResult, generate
 from .errors import SpecdecError
 from .methods import METHODS, MethodContext, build_drafter
@@ -19,10 +23,23 @@ from .sampling import SamplingConfig
 __all__ = ["load", "encode_prompt", "make_drafter", "run", "decode", "METHODS", "SamplingConfig", "SpecdecError"]
 
 
-def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "auto", device: str = "auto"
-         ) -> tuple[LoadedModel, list[LoadedModel]]:
+def note(message: str) -> None:
+    """Progress for long one-time work, on stderr when it is a terminal (logs of piped runs stay clean)."""
+    if sys.stderr is not None and sys.stderr.isatty():
+        print(f"specdec: {message} ...", file=sys.stderr, flush=True)
+
+
+def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "auto", device: str = "auto",
+         kernel_mode: str = "auto") -> tuple[LoadedModel, list[LoadedModel]]:
+    """The target and its drafts. ``kernel_mode="auto"`` swaps the target's float32 CPU linear layers for
+    :mod:`specdec_cli.kernels`' measured ones (after the drafts are copied from it); ``"torch"`` keeps PyTorch's."""
+    if kernel_mode not in ("auto", "torch"):
+        raise SpecdecError(f"--kernels must be auto or torch, got {kernel_mode!r}")
     target = load_model(model, dtype, device)
-    return target, [load_draft(d, target, dtype, device) for d in drafts]
+    loaded = [load_draft(d, target, dtype, device) for d in drafts]
+    if kernel_mode == "auto":
+        target.info["kernels"] = kernels.install(target.model, progress=note)
+    return target, loaded
 
 
 def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: str | None = None,
@@ -52,9 +69,16 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
 
 
 def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), *, datastore: str | None = None,
-                 window: int | None = None, options: dict[str, str] | None = None) -> Drafter:
-    ctx = MethodContext(target, list(drafts), datastore, window, dict(options or {}))
-    return build_drafter(method, ctx)
+                 window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto"
+                 ) -> Drafter:
+    """A drafter for ``method`` with its :class:`~specdec_cli.budget.Budget` (``auto``: priced with this machine's
+    measured forward times of ``target``, measured once and cached)."""
+    mode = parse_budget(budget)
+    ctx = MethodContext(target, list(drafts), datastore, window, dict(options or {}), mode)
+    drafter = build_drafter(method, ctx)
+    profile = hardware.profile_for(target.model, progress=note) if mode == "auto" and method != "ar" else None
+    drafter.budget = Budget(mode, profile)
+    return drafter
 
 
 def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, *, max_new_tokens: int = 128,

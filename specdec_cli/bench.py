@@ -61,6 +61,8 @@ class BenchConfig:
     window: int | None = None
     options: dict[str, str] = field(default_factory=dict)
     threads: int | None = None  # torch.set_num_threads; 1 is far steadier on a busy CPU
+    budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.budget)
+    kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
 
     @property
     def greedy(self) -> bool:
@@ -118,7 +120,7 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     """A runner for one of our methods; the drafter is built once and reused, as ``specdec generate`` does."""
     try:
         drafter = api.make_drafter(method, target, drafts, datastore=datastore_for(method, cfg.datastore),
-                                   window=cfg.window, options=cfg.options)
+                                   window=cfg.window, options=cfg.options, budget=cfg.budget)
     except ModuleNotFoundError as err:
         raise SpecdecError(f"method {method!r} is not available in this installation ({err})") from None
     sampling = api.SamplingConfig(temperature=cfg.temperature)
@@ -407,15 +409,20 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
     }
 
 
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads`` (before loading: kernel plans and forward-time profiles are per thread count)."""
+    if threads is not None:
+        if threads < 1:
+            raise SpecdecError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
 def benchmark(cfg: BenchConfig, target, drafts) -> dict:
     """Run the benchmark on already loaded models and return the record (see docs/bench.md for its schema)."""
     if cfg.max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
     api.SamplingConfig(temperature=cfg.temperature).validate()
-    if cfg.threads is not None:
-        if cfg.threads < 1:
-            raise SpecdecError(f"--threads must be >= 1, got {cfg.threads}")
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     methods = method_list(cfg.methods)
     cfg.methods = methods
     prompts = load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)
@@ -427,7 +434,7 @@ def benchmark(cfg: BenchConfig, target, drafts) -> dict:
 # --- merging shards: several runs of one configuration over disjoint prompts ----------------------------------
 
 MERGE_CONFIG_KEYS = ("model", "drafts", "methods", "prompts", "category", "max_new_tokens", "temperature", "dtype",
-                     "device", "datastore", "window", "options", "threads")
+                     "device", "datastore", "window", "options", "threads", "budget", "kernels")
 MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformers")
 
 

@@ -138,6 +138,10 @@ def generate(
     system: Optional[str] = typer.Option(None, "--system", help="system message for chat models"),
     batch_file: Optional[str] = typer.Option(None, "--batch-file", help="one prompt per line ('-' = stdin)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object per prompt (text + statistics)"),
+    budget: str = typer.Option("auto", "--budget", help="draft budget: auto (what pays off on this machine), "
+                               "paper (the method's paper settings) or N (the N draft tokens most likely accepted)"),
+    kernels: str = typer.Option("auto", "--kernels", help="CPU linear kernels: auto (measured, cached) or torch"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
 ) -> None:
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
@@ -155,10 +159,18 @@ def generate(
         sampling = api.SamplingConfig(temperature, top_p, top_k).validate()
         if method not in api.METHODS:
             raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(api.METHODS)}")
+        if any(not p.strip() for p in prompts):
+            raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
+        from .bench import set_threads
+        from .budget import parse_budget
+
+        parse_budget(budget)
+        set_threads(threads)
         quiet_libraries()
-        target, draft_models = api.load(model, drafts, dtype, device)
+        target, draft_models = api.load(model, drafts, dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
-        drafter = api.make_drafter(method, target, draft_models, datastore=datastore, window=window, options=options)
+        drafter = api.make_drafter(method, target, draft_models, datastore=datastore, window=window, options=options,
+                                   budget=budget)
         for i, ids in enumerate(encoded):
             streamer = None if as_json else TextStreamer(target.tokenizer)
             result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,

@@ -18,28 +18,12 @@ from typing import Callable
 import torch
 
 from . import engine
+from .budget import Budget
 from .sampling import SamplingConfig
+from .trees import Draft
 from .verify import verify_rejection, verify_tree
 
-
-@dataclass
-class Draft:
-    """Draft tokens forming a tree under the root (the last token of the sequence).
-
-    ``parents[i]`` is ``-1`` for a child of the root, else the index of an earlier node. ``q_draft`` (``[n, V]``)
-    is given only for a chain sampled from a draft model; it switches verification to rejection sampling.
-    """
-
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    q_draft: torch.Tensor | None = None
-
-    @classmethod
-    def chain(cls, tokens: list[int], q_draft: torch.Tensor | None = None) -> "Draft":
-        return cls(list(tokens), engine.chain_parents(len(tokens)), q_draft)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
+__all__ = ["Draft", "Outcome", "Drafter", "StepStats", "GenerationResult", "generate"]
 
 
 @dataclass
@@ -54,9 +38,24 @@ class Outcome:
 
 
 class Drafter:
-    """Base drafter: proposes nothing (that is autoregressive decoding)."""
+    """Base drafter: proposes nothing (that is autoregressive decoding).
+
+    ``budget`` decides how much of each draft is verified (``specdec_cli.budget``); model drafters also ask it
+    whether one more draft token is worth a draft-model forward. Without one, drafts are verified whole.
+    """
 
     name = "ar"
+    _budget: Budget | None = None
+
+    @property
+    def budget(self) -> Budget:
+        if self._budget is None:
+            self._budget = Budget("paper")
+        return self._budget
+
+    @budget.setter
+    def budget(self, budget: Budget) -> None:
+        self._budget = budget
 
     def start(self, prompt: list[int], cfg: SamplingConfig, generator: torch.Generator | None) -> None:
         """Called once per generation before the first step."""
@@ -132,11 +131,13 @@ def generate(
 ) -> GenerationResult:
     """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM)."""
     generator = torch.Generator().manual_seed(seed)
+    budget = drafter.budget
     t_start = time.perf_counter()
-    cache = engine.new_cache()
+    cache = engine.new_cache(target, len(prompt) + max_new_tokens + 8)
     tokens = list(prompt)
     if len(tokens) > 1:
-        engine.forward_chain(target, cache, tokens[:-1])
+        engine.forward_chain(target, cache, tokens[:-1], keep=0)
+    budget.start(sampled=not sampling.greedy)
     drafter.start(list(prompt), sampling, generator)
     prefill_s = time.perf_counter() - t_start
     out: list[int] = []
@@ -144,7 +145,9 @@ def generate(
     stopped_by = "length"
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
-        draft = drafter.propose(tokens, max_new_tokens - len(out) - 1)
+        drafting = budget.should_draft()
+        plan = budget.select(drafter.propose(tokens, max_new_tokens - len(out) - 1) if drafting else Draft())
+        draft = plan.draft
         t1 = time.perf_counter()
         prefix_len = len(tokens) - 1
         logits = engine.forward_tree(target, cache, tokens[-1], draft.tokens, draft.parents)
@@ -154,6 +157,7 @@ def generate(
             path, nxt = verify_tree(logits, draft.tokens, draft.parents, sampling, generator)
         engine.keep(cache, prefix_len, [0] + [i + 1 for i in path])
         t2 = time.perf_counter()
+        budget.observe(plan, path, draft.cost_s if not budget.draft_cost else t1 - t0, drafting)
         accepted = [draft.tokens[i] for i in path]
         new = accepted + [nxt]
         tokens.extend(new)
@@ -176,5 +180,5 @@ def generate(
         prefill_s=prefill_s,
         total_s=time.perf_counter() - t_start,
         stopped_by=stopped_by,
-        extra=drafter.stats(),
+        extra={**drafter.stats(), **budget.stats()},
     )

@@ -9,21 +9,22 @@ summarises both groups and the threshold self-verify would learn (the mean entro
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 
 from .decoding import Draft, Outcome, generate
+from .draft_model import draft_chain
 from .methods.sd import SpeculativeSampling
-from .methods.self_verify import draft_until_unsure, rejected_index
+from .methods.self_verify import rejected_index
 from .sampling import SamplingConfig
 
 
 class EntropyRecorder(SpeculativeSampling):
     """``sd`` that records ``H(q_draft)`` of each drafted token and the target's verdict on it.
 
-    Drafting goes through :func:`draft_until_unsure` with ``tau = inf``: the same draws as ``sd`` (the window is
-    always full), plus the entropies (for greedy, of the draft's untempered softmax: see ``confidence_entropy``).
+    Drafting goes through :func:`~specdec_cli.draft_model.draft_chain` with ``tau = inf`` and no budget: the
+    same draws as ``sd`` with a full window, plus the entropies (for greedy, of the draft's untempered softmax:
+    see ``confidence_entropy``).
     """
 
     name = "sd-entropy"
@@ -41,8 +42,9 @@ class EntropyRecorder(SpeculativeSampling):
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         k = min(self.window, max_tokens)
-        xs, q_draft, self.pending = draft_until_unsure(self.dm, tokens, k, math.inf, self.cfg, self.generator)
-        return Draft.chain(xs, q_draft) if xs else Draft()
+        chain = draft_chain(self.dm, tokens, k, self.cfg, self.generator, entropies=True)
+        self.pending = chain.entropies
+        return chain.draft()
 
     def accept(self, tokens: list[int], outcome: Outcome) -> None:
         n = len(outcome.path)

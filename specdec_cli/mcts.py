@@ -8,7 +8,7 @@ The search state is the sequence so far ending in the root token. Each iteration
 4. *backpropagates* the rollout score ``1 + sum_i P(w_i | w_{i-2}, w_{i-1})`` (visits + 1, score + score).
 
 Each iteration's rollout (selected + expanded + simulated tokens) is a candidate continuation; the best-scoring
-distinct ones are returned and become a prefix-merged draft tree.
+distinct ones are returned and become a prefix-merged draft tree (``trees.merge_paths``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import math
 import random
 from dataclasses import dataclass
 
-from .decoding import Draft
 
 
 @dataclass
@@ -119,21 +118,3 @@ def run_mcts(matrix, prev: int, root_token: int, cfg: MCTSConfig, rng: random.Ra
             best[seq] = score
     ranked = sorted(best.items(), key=lambda kv: -kv[1])  # stable: earlier rollouts first on ties
     return [(list(seq), score) for seq, score in ranked[: cfg.candidates]]
-
-
-def merge_paths(paths: list[list[int]], max_depth: int | None = None) -> Draft:
-    """Prefix-merge candidate sequences into a token tree: a shared prefix appears once (REST / tree attention)."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
-    for path in paths:
-        parent = -1
-        for tok in path[:max_depth] if max_depth is not None else path:
-            node = index.get((parent, tok))
-            if node is None:
-                node = len(tokens)
-                tokens.append(tok)
-                parents.append(parent)
-                index[(parent, tok)] = node
-            parent = node
-    return Draft(tokens, parents)

@@ -11,6 +11,10 @@ Sets come from real data wherever it can be had without guesswork:
   layout; they are used only when asked for by name, never as a silent fallback.
 * ``rag`` -- summarization and document-QA prompts over real local documents (docstrings of Python standard
   library modules, read with :mod:`ast` so nothing is imported).
+* ``long-edit`` -- long prompts whose answers copy most of the prompt: *code edits* of 30-45-line standard
+  library functions (add type hints, rename locals, add comments, ...) and *rewrites* of 2,000-3,200-character
+  sections of the Python reference documentation that ships with the interpreter (``pydoc_data.topics``), in
+  alternating order; 400-800 prompt tokens each.
 * any ``*.jsonl`` path -- one prompt per line (see :func:`load_jsonl_file`).
 """
 
@@ -169,6 +173,86 @@ def load_rag() -> list[Prompt]:
     return prompts
 
 
+# --- long-edit: code edits and document rewrites (long prompts, answers that copy them) --------------------------
+
+EDIT_MODULES = ["glob.py", "difflib.py", "gettext.py", "bisect.py", "statistics.py", "textwrap.py", "shlex.py",
+                "fnmatch.py", "csv.py", "calendar.py", "configparser.py", "string.py", "heapq.py", "tokenize.py",
+                "argparse.py", "pprint.py", "ftplib.py", "smtplib.py", "mailbox.py", "imaplib.py"]
+EDIT_LINES = (30, 45)
+EDIT_INSTRUCTIONS = [
+    "Add type hints to every parameter and to the return value.",
+    "Rename the local variables to longer, more descriptive names.",
+    "Add a short comment above each block explaining what it does.",
+    "Rewrite the docstring (or add one) in the Google style, with Args and Returns sections.",
+    "Replace string formatting with f-strings wherever possible and keep everything else unchanged.",
+    "Add input validation at the start that raises ValueError with a clear message for invalid arguments.",
+]
+REWRITE_CHARS = (2000, 3200)
+EDIT_SET_SIZE = 12  # of each kind
+
+
+def stdlib_functions(limit: int = EDIT_SET_SIZE) -> list[tuple[str, str]]:
+    """(qualified name, dedented source) of standard-library functions and methods of 30-45 lines."""
+    import textwrap
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for rel in EDIT_MODULES:
+        try:
+            source = (root / rel).read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        lines = source.splitlines()
+        nodes = sorted((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), key=lambda n: n.lineno)
+        for node in nodes:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if EDIT_LINES[0] <= node.end_lineno - first + 1 <= EDIT_LINES[1]:
+                out.append((f"{rel.removesuffix('.py')}.{node.name}",
+                            textwrap.dedent("\n".join(lines[first - 1: node.end_lineno]))))
+                break  # one function per module: variety
+        if len(out) >= limit:
+            break
+    return out
+
+
+def reference_sections(limit: int = EDIT_SET_SIZE) -> list[tuple[str, str]]:
+    """(topic, text) sections of the Python reference shipped with the interpreter, cut at paragraph ends."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        return []
+    out = []
+    for name, text in sorted(topics.items()):
+        section = ""
+        for para in (p for p in text.split("\n\n") if p.strip()):
+            if len(section) + len(para) > REWRITE_CHARS[1]:
+                break
+            section += para + "\n\n"
+            if len(section) >= REWRITE_CHARS[0]:
+                out.append((name, section.strip()))
+                break
+        if len(out) >= limit:
+            break
+    return out
+
+
+def load_long_edit() -> list[Prompt]:
+    """Code edits and document rewrites, alternating (so ``--limit`` keeps both kinds)."""
+    edits = [Prompt(f"long-edit/code/{name}", "code-edit", [
+        f"Here is a Python function:\n\n```python\n{src}\n```\n\n{EDIT_INSTRUCTIONS[i % len(EDIT_INSTRUCTIONS)]} "
+        "Reply with the complete edited function in one Python code block.\n\nEdited function:\n\n```python\n"])
+        for i, (name, src) in
+        enumerate(stdlib_functions())]
+    rewrites = [Prompt(f"long-edit/rewrite/{name}", "rewrite", [
+        "Rewrite the following section of the Python documentation in plain, simple English. Keep every rule, "
+        f"name and example.\n\n{text}\n\nRewritten section:\n"]) for name, text in reference_sections()]
+    prompts = [p for pair in zip(edits, rewrites) for p in pair] + edits[len(rewrites):] + rewrites[len(edits):]
+    if not prompts:
+        raise SpecdecError("long-edit prompt set: no standard-library sources found (is the Python stdlib installed?)")
+    return prompts
+
+
 # --- user files -------------------------------------------------------------------------------------------------
 
 
@@ -193,6 +277,7 @@ PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
     "gsm8k": load_gsm8k,
     "alpaca": load_alpaca,
     "rag": load_rag,
+    "long-edit": load_long_edit,
     "gsm8k-sample": load_gsm8k_sample,
     "alpaca-sample": load_alpaca_sample,
 }

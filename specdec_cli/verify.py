@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .sampling import SamplingConfig, logits_to_probs, pick, sample, uniform
+from .trees import chain_parents, children
 
 
 def verify_tree(
@@ -25,14 +26,12 @@ def verify_tree(
     generator: torch.Generator | None,
 ) -> tuple[list[int], int]:
     """Returns ``(path, next_token)``: accepted node indices from the root down, and the token drawn after them."""
-    children: dict[int, dict[int, int]] = {}
-    for i, (tok, par) in enumerate(zip(tokens, parents)):
-        children.setdefault(par, {}).setdefault(tok, i)
+    kids = children(tokens, parents)
     path: list[int] = []
     node = -1
     while True:
         y = pick(logits[node + 1], cfg, generator)
-        child = children.get(node, {}).get(y)
+        child = kids.get(node, {}).get(y)
         if child is None:
             return path, y
         path.append(child)
@@ -48,7 +47,7 @@ def verify_rejection(
 ) -> tuple[list[int], int]:
     """Speculative sampling (Leviathan et al. / Chen et al.) for a chain; returns ``(path, next_token)``."""
     if cfg.greedy:
-        return verify_tree(logits, tokens, list(range(-1, len(tokens) - 1)), cfg, generator)
+        return verify_tree(logits, tokens, chain_parents(len(tokens)), cfg, generator)
     p_target = logits_to_probs(logits, cfg)
     q_draft = q_draft.to(p_target.device).float()
     for i, x in enumerate(tokens):

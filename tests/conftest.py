@@ -19,9 +19,13 @@ CHAT_PROMPTS = [
 
 @pytest.fixture(scope="session")
 def smollm2():
+    """The target as users get it from ``api.load``: float32 on the CPU with the tuned linear kernels."""
+    from specdec_cli import kernels
     from specdec_cli.models import load_model
 
-    return load_model("smollm2-135m", dtype="float32", device="cpu")
+    target = load_model("smollm2-135m", dtype="float32", device="cpu")
+    kernels.install(target.model)
+    return target
 
 
 @pytest.fixture(scope="session")

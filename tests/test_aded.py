@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.mcts import MCTSConfig, exploration, merge_paths, puct, run_mcts
+from specdec_cli.mcts import MCTSConfig, exploration, puct, run_mcts
+from specdec_cli.trees import merge_paths
 from specdec_cli.trigram import TrigramMatrix, build_trigram_datastore
 
 V = 10

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from specdec_cli.corpora import iter_documents, iter_json_array, record_texts, tokenize_documents
-from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore, build_trie, select_top
+from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
+from specdec_cli.trees import count_trie as build_trie, top_by_count as select_top
 from specdec_cli.datastore import format as fmt
 from specdec_cli.datastore.build import aligned_suffixes, shard_bytes_array
 from specdec_cli.errors import SpecdecError

@@ -22,13 +22,15 @@ def chain_logits(model, tokens):
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
-def test_tree_forward_matches_chain_forward(make):
-    """Each tree node sees exactly its ancestors, at the right positions (incl. sliding windows)."""
+@pytest.mark.parametrize("windowed", [False, True])
+def test_tree_forward_matches_chain_forward(make, windowed):
+    """Each tree node sees exactly its ancestors, at the right positions (incl. sliding windows, whether the
+    cache shows sliding layers all of it or only their window; a tiny capacity makes the buffers grow)."""
     model = make(vocab=16)
     prefix = [random.Random(1).randrange(16) for _ in range(9)]  # longer than the sliding window
     tokens = [3, 5, 7, 5, 2, 9, 1]
     parents = [-1, -1, 0, 0, 1, 3, 5]
-    cache = engine.new_cache()
+    cache = engine.new_cache(model if windowed else None, capacity=1)
     engine.forward_chain(model, cache, prefix[:-1])
     tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
     assert torch.allclose(tree[0], chain_logits(model, prefix)[-1], atol=1e-5)
@@ -42,12 +44,13 @@ def test_tree_forward_matches_chain_forward(make):
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
-def test_cache_rollback_to_tree_path(make):
+@pytest.mark.parametrize("windowed", [False, True])
+def test_cache_rollback_to_tree_path(make, windowed):
     """After keeping a tree path, the cache is the one a chain over that path would have built."""
     model = make(vocab=16)
     prefix = [1, 2, 3, 4, 5, 6, 7]
     tokens, parents = [8, 9, 10, 11, 12], [-1, -1, 1, 2, 2]
-    cache = engine.new_cache()
+    cache = engine.new_cache(model if windowed else None, capacity=1)
     engine.forward_chain(model, cache, prefix[:-1])
     engine.forward_tree(model, cache, prefix[-1], tokens, parents)
     engine.keep(cache, len(prefix) - 1, [0, 2, 3, 5])  # root -> node 1 -> node 2 -> node 4

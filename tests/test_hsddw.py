@@ -44,7 +44,7 @@ def real(smollm2, smollm2_int8):
 def test_greedy_matches_ar(real, method, opts):
     target, int8, bf16, expected = real
     drafts = [int8] if method == "self-verify" else [int8, bf16]
-    drafter = api.make_drafter(method, target, drafts, options=opts)
+    drafter = api.make_drafter(method, target, drafts, options=opts, budget="paper")
     for ids, tokens in expected:
         result = api.run(target, ids, drafter, max_new_tokens=NEW_TOKENS)
         assert result.tokens == tokens

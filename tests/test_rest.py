@@ -38,7 +38,7 @@ def stdlib_store(smollm2, tmp_path_factory) -> Path:
 
 
 def test_rest_greedy_matches_ar(smollm2, stdlib_store):
-    drafter = api.make_drafter("rest", smollm2, datastore=str(stdlib_store))
+    drafter = api.make_drafter("rest", smollm2, datastore=str(stdlib_store), budget="paper")
     accepted = 0
     for text, raw in PROMPTS:
         ids = api.encode_prompt(smollm2, text, raw=raw, max_new_tokens=NEW_TOKENS)

@@ -22,7 +22,7 @@ def ar_outputs(smollm2):
 
 @pytest.mark.parametrize("window", [1, 5])
 def test_sd_greedy_matches_ar(smollm2, smollm2_int8, ar_outputs, window):
-    drafter = api.make_drafter("sd", smollm2, [smollm2_int8], window=window)
+    drafter = api.make_drafter("sd", smollm2, [smollm2_int8], window=window, budget="paper")
     for text, (ids, expected) in ar_outputs.items():
         result = api.run(smollm2, ids, drafter, max_new_tokens=48)
         assert result.tokens == expected, text

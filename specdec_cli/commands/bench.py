@@ -13,6 +13,9 @@ import typer
 
 METHODS_HELP = ("comma-separated: ar, sd, self-verify, hsddw, rest, aded, ngram-trie, pld, and transformers' "
                 "baselines hf, hf-assisted (uses the first --draft), hf-pld; ar is always included")
+BUDGET_HELP = ("draft budget of our methods: auto (verify what pays off on this machine, measured), paper (each "
+               "paper's fixed settings) or N (the N draft tokens most likely accepted)")
+KERNELS_HELP = "target's CPU linear kernels: auto (measured per row count, cached) or torch (PyTorch's own)"
 PROMPTS_HELP = "mt-bench, humaneval, gsm8k, alpaca, rag, gsm8k-sample, alpaca-sample, or a .jsonl file"
 
 
@@ -35,6 +38,8 @@ def bench(
     dtype: str = typer.Option("auto", "--dtype"),
     device: str = typer.Option("auto", "--device"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
+    budget: str = typer.Option("auto", "--budget", help=BUDGET_HELP),
+    kernels: str = typer.Option("auto", "--kernels", help=KERNELS_HELP),
     datastore: Optional[List[str]] = typer.Option(None, "--datastore", help="datastore directory for rest/aded; "
                                                   "repeatable as METHOD=DIR, e.g. rest=DIR and aded=DIR"),
     window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default when unset)"),
@@ -57,12 +62,17 @@ def bench(
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
-                              datastore=list(datastore or []), window=window, options=parse_opts(opt), threads=threads)
+                              datastore=list(datastore or []), window=window, options=parse_opts(opt), threads=threads,
+                              budget=budget, kernels=kernels)
         lib.method_list(cfg.methods)  # fail on a typo before loading anything
+        from ..budget import parse_budget
+
+        parse_budget(budget)
+        lib.set_threads(threads)
         lib.datastore_for("rest", cfg.datastore)  # ... and on ambiguous --datastore values
         old_records = lib.read_records(compare_to) if compare_to else None
         quiet_libraries()
-        target, drafts = api.load(model, cfg.drafts, dtype, device)
+        target, drafts = api.load(model, cfg.drafts, dtype, device, kernels)
         record = lib.benchmark(cfg, target, drafts)
         findings = lib.compare(record, old_records, tolerance) if old_records is not None else None
         if out:

@@ -5,7 +5,6 @@ The format is documented in docs/datastore-format.md; the method in docs/rest.md
 
 from .build import build_suffix_array_datastore
 from .format import FORMAT_VERSION, token_width
-from .retrieval import SuffixArrayDatastore, Trie, build_trie, select_top
+from .retrieval import SuffixArrayDatastore
 
-__all__ = ["build_suffix_array_datastore", "SuffixArrayDatastore", "Trie", "build_trie", "select_top",
-           "FORMAT_VERSION", "token_width"]
+__all__ = ["build_suffix_array_datastore", "SuffixArrayDatastore", "FORMAT_VERSION", "token_width"]

@@ -4,9 +4,8 @@ Algorithm 1 of REST (He et al. 2024): try the last ``n_max`` tokens of the conte
 stop at the first length with at least one exact match in the datastore. Every matching position is a
 context whose continuation is a draft candidate; we take up to ``max_matches`` of them spread evenly over the
 match range of the suffix array (REST's reference code takes the first 5000), cut each to ``cont_len`` tokens
-(never across a document separator), count every prefix in a trie and keep the ``top_c`` most frequent nodes
-(Algorithm 2). A node's count never exceeds its parent's, so ranking by (count desc, depth asc) keeps the set
-prefix-closed: a node is selected only after its parent.
+(never across a document separator). Counting them in a frequency trie and keeping its ``top_c`` most frequent
+nodes (Algorithm 2) is ``trees.count_trie`` / ``trees.top_by_count``.
 """
 
 from __future__ import annotations
@@ -138,62 +137,3 @@ def _load_npy(folder: Path, name: str) -> np.ndarray:
         return np.load(folder / name, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as err:
         raise SpecdecError(f"datastore {folder}: cannot read {name} ({err})") from None
-
-
-# --- the frequency trie (REST Algorithm 2) ----------------------------------------------------------------
-
-
-@dataclass
-class Trie:
-    """Nodes in creation order (depth by depth); ``parents[i] = -1`` for children of the root."""
-
-    tokens: np.ndarray
-    parents: np.ndarray
-    counts: np.ndarray
-    depths: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.tokens.size)
-
-
-def build_trie(continuations: np.ndarray) -> Trie:
-    """Count every prefix of every continuation (rows of token ids, -1 padded), depth by depth with np.unique."""
-    k, length = continuations.shape if continuations.ndim == 2 else (0, 0)
-    parent_of_row = np.full(k, -1, dtype=np.int64)
-    tokens, parents, counts, depths = [], [], [], []
-    next_id = 0
-    base = int(continuations.max(initial=0)) + 2
-    for depth in range(length):
-        rows = continuations[:, depth] >= 0
-        if not rows.any():
-            break
-        keys = (parent_of_row[rows] + 1) * base + continuations[rows, depth]
-        uniq, inverse, count = np.unique(keys, return_inverse=True, return_counts=True)
-        tokens.append(uniq % base)
-        parents.append(uniq // base - 1)
-        counts.append(count)
-        depths.append(np.full(uniq.size, depth))
-        parent_of_row[rows] = next_id + inverse.reshape(-1)
-        next_id += uniq.size
-    cat = lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)  # noqa: E731
-    return Trie(cat(tokens), cat(parents), cat(counts), cat(depths))
-
-
-def select_top(trie: Trie, top_c: int) -> Trie:
-    """The ``top_c`` most frequent nodes, prefix-closed, in BFS order (depth, then count desc, then token).
-
-    Ties at the cut are broken towards shallower nodes and smaller token ids, so the choice is deterministic.
-    """
-    if len(trie) == 0 or top_c < 1:
-        return Trie(*(np.empty(0, dtype=np.int64) for _ in range(4)))
-    ranked = np.lexsort((trie.tokens, trie.depths, -trie.counts))[:top_c]
-    keep = np.zeros(len(trie), dtype=bool)
-    for node in sorted(ranked.tolist()):  # creation order is depth order: parents are decided first
-        parent = trie.parents[node]
-        keep[node] = parent < 0 or keep[parent]
-    chosen = np.flatnonzero(keep)
-    order = chosen[np.lexsort((trie.tokens[chosen], -trie.counts[chosen], trie.depths[chosen]))]
-    new_index = np.full(len(trie), -1, dtype=np.int64)
-    new_index[order] = np.arange(order.size)
-    parents = np.where(trie.parents[order] >= 0, new_index[np.maximum(trie.parents[order], 0)], -1)
-    return Trie(trie.tokens[order], parents, trie.counts[order], trie.depths[order])

@@ -19,6 +19,7 @@ class MethodContext:
     datastore: str | None = None
     window: int | None = None  # draft window K (method default when None)
     options: dict[str, str] = field(default_factory=dict)  # --opt key=value, method-specific
+    budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.budget)
 
     def opt(self, key: str, default, cast=None):
         """A method option with its default; ``cast`` defaults to the default's type."""

@@ -18,7 +18,8 @@ import random
 import time
 
 from ..decoding import Draft, Drafter, Outcome
-from ..mcts import MCTSConfig, merge_paths, run_mcts
+from ..mcts import MCTSConfig, run_mcts
+from ..trees import merge_paths
 from ..trigram import TrigramMatrix
 
 
@@ -61,7 +62,19 @@ class Aded(Drafter):
         self.searches += 1
         self.empty += not found
         self.candidates += len(found)
-        return merge_paths([seq for seq, _ in found], depth)
+        draft = merge_paths([seq for seq, _ in found], depth)
+        draft.scores = self.node_probs(draft, prev, tokens[-1])
+        return draft
+
+    def node_probs(self, draft: Draft, prev: int, root: int) -> list[float]:
+        """Each node's tri-gram probability given its two predecessors: the matrix's own acceptance estimate."""
+        context = {-1: (prev, root)}
+        out = []
+        for i, (tok, parent) in enumerate(zip(draft.tokens, draft.parents)):
+            a, b = context[parent]
+            out.append(self.matrix.prob(a, b, tok))
+            context[i] = (b, tok)
+        return out
 
     def accept(self, tokens: list[int], outcome: Outcome) -> None:
         """Algorithm 2 over the tri-grams that end in this step's new tokens (each tri-gram counted once)."""

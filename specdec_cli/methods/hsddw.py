@@ -28,30 +28,11 @@ import math
 
 import torch
 
-from .. import engine
 from ..decoding import Draft, Drafter, Outcome
-from ..draft_model import DraftModel
+from ..draft_model import DraftModel, confidence, confidence_entropy, draft_chain
 from ..sampling import logits_to_probs
 from ..verify import verify_rejection
-from .self_verify import (DEFAULT_WINDOW, EntropyThreshold, confidence_entropy, draft_until_unsure, json_tau, ratio,
-                          rejected_index, window_summary)
-
-
-def logits_rows_after(dm: DraftModel, prefix: list[int], xs: list[int]) -> torch.Tensor:
-    """``M2`` logits ``[len(xs) + 1, V]``: row 0 after ``prefix``, row ``i + 1`` after ``xs[i]`` -- one forward.
-
-    Like :meth:`DraftModel.logits_after` (crop the cache to the common prefix, feed the rest), but the drafted
-    tokens ride along in the same pass so pre-verification costs a single ``M2`` forward per round.
-    """
-    seq = prefix + xs
-    common = 0
-    limit = min(len(dm.seen), len(prefix) - 1)  # always feed at least the last prefix token
-    while common < limit and dm.seen[common] == seq[common]:
-        common += 1
-    engine.crop(dm.cache, common)
-    logits = engine.forward_chain(dm.model, dm.cache, seq[common:])
-    dm.seen = list(seq)
-    return dm.fit_vocab(logits[-(len(xs) + 1):]).cpu()
+from .self_verify import DEFAULT_WINDOW, EntropyThreshold, json_tau, ratio, rejected_index, window_summary
 
 
 class Hsddw(Drafter):
@@ -66,8 +47,8 @@ class Hsddw(Drafter):
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
-        self.m1.reset()
-        self.m2.reset()
+        self.m1.prefill(prompt)
+        self.m2.prefill(prompt)
         self.tau1 = EntropyThreshold(self.tau1_0)
         self.tau2 = EntropyThreshold(self.tau2_0)
         self.h2: list[float] = []  # M2 entropies of the pending chain
@@ -76,11 +57,15 @@ class Hsddw(Drafter):
         self.window_sizes: list[int] = []  # chain length sent to the target, per target step
         self.m1_window_sizes: list[int] = []  # M1 draft length, per round
 
-    def pre_verify_round(self, prefix: list[int], room: int) -> tuple[list[int], torch.Tensor, list[float]]:
-        """One M1 draft + M2 pre-verify round; returns the emitted tokens (at most ``room``), q2 rows, H(q2)."""
-        xs, q1, h1 = draft_until_unsure(self.m1, prefix, min(self.window, room), self.tau1.value, self.cfg,
-                                        self.generator)
-        logits2 = logits_rows_after(self.m2, prefix, xs)
+    def pre_verify_round(self, prefix: list[int], room: int):
+        """One M1 draft + M2 pre-verify round; returns the emitted tokens (at most ``room``), their q2 rows
+        (sampling only), M2's confidences and entropies. The drafted tokens ride along in the same M2 forward, so
+        pre-verification costs a single M2 forward per round."""
+        chain = draft_chain(self.m1, prefix, min(self.window, room), self.cfg, self.generator,
+                            tau=self.tau1.value, entropies=True)
+        xs = chain.tokens
+        logits2 = self.m2.logits_rows(prefix + xs, len(xs) + 1)
+        q1 = torch.stack(chain.q_rows) if chain.q_rows else None
         path, y = verify_rejection(logits2, xs, q1, self.cfg, self.generator)
         n = len(path)
         self.m1_drafted += len(xs)
@@ -88,26 +73,31 @@ class Hsddw(Drafter):
         self.m2_forwards += 1
         self.m1_window_sizes.append(len(xs))
         if n < len(xs):
-            self.tau1.reject(h1[n])
+            self.tau1.reject(chain.entropies[n])
         emitted = (xs[:n] + [y])[:room]
-        q2 = logits_to_probs(logits2[: len(emitted)], self.cfg)
-        h2 = [confidence_entropy(logits2[i], q2[i], self.cfg) for i in range(len(emitted))]
-        return emitted, q2, h2
+        rows = logits2[: len(emitted)]
+        q2 = None if self.cfg.greedy else logits_to_probs(rows, self.cfg)
+        conf = [confidence(row) if q2 is None else float(q2[i].max()) for i, row in enumerate(rows)]
+        h2 = [confidence_entropy(row, None if q2 is None else q2[i], self.cfg) for i, row in enumerate(rows)]
+        return emitted, q2, conf, h2
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         cap = min(self.max_draft, max_tokens)
         chain: list[int] = []
         rows: list[torch.Tensor] = []
+        scores: list[float] = []
         self.h2 = []
         while len(chain) < cap:
-            emitted, q2, h2 = self.pre_verify_round(tokens + chain, cap - len(chain))
+            emitted, q2, conf, h2 = self.pre_verify_round(tokens + chain, cap - len(chain))
             chain += emitted
-            rows.append(q2)
+            if q2 is not None:
+                rows.append(q2)
+            scores += conf
             self.h2 += h2
             if max(h2) > self.tau2.value:  # M2 is unsure: let the target verify now
                 break
         self.window_sizes.append(len(chain))
-        return Draft.chain(chain, torch.cat(rows)) if chain else Draft()
+        return Draft.chain(chain, torch.cat(rows) if rows else None, scores) if chain else Draft()
 
     def accept(self, tokens: list[int], outcome: Outcome) -> None:
         self.target_forwards += 1

@@ -16,11 +16,11 @@ Options: n (13), lp (3), budget (32), window (-> max draft depth, default n - 1)
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 
 from ..decoding import Draft, Drafter
+from ..trees import best_first
 
 
 class TrieNode:
@@ -74,37 +74,16 @@ def match(root: TrieNode, tokens: list[int], lp: int) -> tuple[TrieNode | None, 
 
 
 def prune(node: TrieNode, budget: int, max_depth: int) -> Draft:
-    """The ``budget`` most frequent nodes of ``node``'s subtree (depth <= ``max_depth``) as a draft tree.
-
-    Best-first from the matched node with a heap keyed on (frequency desc, depth, discovery order): since a
-    child's frequency never exceeds its parent's, this yields the same nodes as keeping the top ``budget``
-    in a min-heap, and a node is always emitted after its parent.
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    heap: list = []
-    order = 0
-    for tok, child in node.children.items():
-        heap.append((-child.freq, 1, order, tok, child, -1))
-        order += 1
-    heapq.heapify(heap)
-    while heap and len(tokens) < budget:
-        _, depth, _, tok, child, parent = heapq.heappop(heap)
-        index = len(tokens)
-        tokens.append(tok)
-        parents.append(parent)
-        if depth < max_depth:
-            for t, grandchild in child.children.items():
-                heapq.heappush(heap, (-grandchild.freq, depth + 1, order, t, grandchild, index))
-                order += 1
-    return Draft(tokens, parents)
+    """The ``budget`` most frequent nodes of ``node``'s subtree (depth <= ``max_depth``) as a draft tree (the
+    paper's min-heap pruning; ``trees.best_first``), each scored by its frequency over its parent's."""
+    return best_first(node, budget, max_depth)
 
 
 class NGramTrie(Drafter):
     name = "ngram-trie"
 
     def __init__(self, n: int = 13, lp: int = 3, budget: int = 32, max_depth: int | None = None):
-        self.n, self.lp, self.budget = n, lp, budget
+        self.n, self.lp, self.max_nodes = n, lp, budget  # the paper's node budget (before the engine's selection)
         self.max_depth = max_depth or n - 1
         self.root = TrieNode()
 
@@ -120,7 +99,7 @@ class NGramTrie(Drafter):
         self.matched[k] += 1
         if node is None or max_tokens < 1:
             return Draft()
-        return prune(node, self.budget, min(self.max_depth, max_tokens))
+        return prune(node, self.max_nodes, min(self.max_depth, max_tokens))
 
     def stats(self) -> dict:
         steps = sum(self.matched.values()) or 1

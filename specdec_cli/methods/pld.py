@@ -21,6 +21,12 @@ def lookup(tokens: list[int], max_ngram: int = 3, num_pred: int = 10, min_ngram:
     Like transformers' ``PromptLookupCandidateGenerator``: matches are scanned left to right and the first
     one with at least one following token wins; the copy stops at the end of the sequence.
     """
+    return lookup_match(tokens, max_ngram, num_pred, min_ngram)[0]
+
+
+def lookup_match(tokens: list[int], max_ngram: int = 3, num_pred: int = 10, min_ngram: int = 1
+                 ) -> tuple[list[int], int]:
+    """:func:`lookup`, and the length of the n-gram that matched (0: none)."""
     arr = np.asarray(tokens, dtype=np.int64)
     length = arr.size
     for size in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -30,8 +36,8 @@ def lookup(tokens: list[int], max_ngram: int = 3, num_pred: int = 10, min_ngram:
             start = int(idx) + size
             end = min(start + num_pred, length)
             if start < end:
-                return arr[start:end].tolist()
-    return []
+                return arr[start:end].tolist(), size
+    return [], 0
 
 
 class PromptLookup(Drafter):
@@ -50,13 +56,14 @@ class PromptLookup(Drafter):
         k = min(self.num_pred, max_tokens)
         if k < 1:
             return Draft()
-        draft = lookup(tokens, self.max_ngram, k, self.min_ngram)
+        draft, size = lookup_match(tokens, self.max_ngram, k, self.min_ngram)
         cut = next((i for i, t in enumerate(draft) if t in self.stop_ids), None)
         if cut is not None:  # as transformers does: nothing after an end-of-sequence token
             draft = draft[:cut]
         self.lookups += 1
         self.hits += bool(draft)
-        return Draft.chain(draft)
+        # a longer matching n-gram is a better bet; the budget learns the per-position rates from there
+        return Draft.chain(draft, scores=[min(0.25 + 0.2 * size, 0.95)] * len(draft))
 
     def stats(self) -> dict:
         return {"pld_hit_rate": self.hits / self.lookups if self.lookups else 0.0}

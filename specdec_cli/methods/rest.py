@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from ..datastore import SuffixArrayDatastore, build_trie, select_top
+from .. import trees
+from ..datastore import SuffixArrayDatastore
 from ..decoding import Draft, Drafter
 from ..errors import SpecdecError
 
@@ -46,11 +47,11 @@ class RestDrafter(Drafter):
         return draft
 
     def draft_for(self, tokens: list[int], max_tokens: int) -> Draft:
-        """Retrieve, count, select: the tree's depth is capped by the remaining token budget."""
+        """Retrieve, count, keep the ``top_c`` most frequent nodes; each node's score is its frequency ratio.
+        The tree's depth is capped by the remaining token budget."""
         found = self.store.retrieve(tokens, self.n_max, min(self.cont_len, max_tokens), self.max_matches)
         self.match_lengths.append(found.match_length)
-        tree = select_top(build_trie(found.continuations), self.top_c)
-        return Draft(tree.tokens.tolist(), tree.parents.tolist())
+        return trees.top_by_count(trees.count_trie(found.continuations), self.top_c).to_draft()
 
     def stats(self) -> dict:
         if not self.retrieval_s:

@@ -19,49 +19,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-import torch
-
 from ..decoding import Draft, Drafter, Outcome
-from ..draft_model import DraftModel
-from ..sampling import SamplingConfig, entropy, logits_to_probs, sample
+from ..draft_model import DraftModel, draft_chain
 
 DEFAULT_WINDOW = 10
-
-
-def confidence_entropy(logits: torch.Tensor, q_draft: torch.Tensor, cfg: SamplingConfig) -> float:
-    """The entropy (nats) the self-verify rule compares with ``tau``.
-
-    When sampling it is the entropy of ``q_draft`` itself, the distribution the token is drawn from. When
-    greedy, ``q_draft`` is one-hot (entropy 0, so the rule would never fire); the model's own confidence is
-    then the entropy of its untempered softmax.
-    """
-    probs = logits.float().softmax(-1) if cfg.greedy else q_draft
-    return float(entropy(probs))
-
-
-def draft_until_unsure(
-    dm: DraftModel, tokens: list[int], k: int, tau: float, cfg: SamplingConfig, generator
-) -> tuple[list[int], torch.Tensor, list[float]]:
-    """Draft at most ``k`` tokens after ``tokens``, stopping after the first one whose entropy exceeds ``tau``.
-
-    Returns the tokens, their distributions ``q_draft [l, V]`` and their entropies. The draft model is not
-    fed the last drafted token: the next call's ``logits_after`` does that (or crops it away if rejected).
-    """
-    out: list[int] = []
-    rows: list[torch.Tensor] = []
-    entropies: list[float] = []
-    if k <= 0:
-        return out, torch.empty(0), entropies
-    logits = dm.logits_after(tokens)
-    while True:
-        q = logits_to_probs(logits, cfg)
-        x = int(q.argmax()) if cfg.greedy else sample(q, generator)
-        out.append(x)
-        rows.append(q)
-        entropies.append(confidence_entropy(logits, q, cfg))
-        if entropies[-1] > tau or len(out) >= k:
-            return out, torch.stack(rows), entropies
-        logits = dm.step(x)
 
 
 def rejected_index(outcome: Outcome) -> int | None:
@@ -117,16 +78,18 @@ class SelfVerify(Drafter):
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
-        self.dm.reset()
+        self.dm.prefill(prompt)
         self.tau = EntropyThreshold(self.tau0)
         self.entropies: list[float] = []  # of the pending draft
         self.window_sizes: list[int] = []
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         k = min(self.window, max_tokens)
-        xs, q_draft, self.entropies = draft_until_unsure(self.dm, tokens, k, self.tau.value, self.cfg, self.generator)
-        self.window_sizes.append(len(xs))
-        return Draft.chain(xs, q_draft) if xs else Draft()
+        chain = draft_chain(self.dm, tokens, k, self.cfg, self.generator, self.budget, tau=self.tau.value,
+                            entropies=True)
+        self.entropies = chain.entropies
+        self.window_sizes.append(len(chain.tokens))
+        return chain.draft()
 
     def accept(self, tokens: list[int], outcome: Outcome) -> None:
         i = rejected_index(outcome)

@@ -1,0 +1,76 @@
+"""Tuned CPU linear layers: every strategy computes the same product, the stock path is untouched outside the
+engine, copies and caches behave."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec_cli import kernels
+
+from conftest import tiny_llama
+
+
+def fast(linear, strategy):
+    return kernels.FastLinear(linear, {b: strategy for b in kernels.BUCKETS})
+
+
+@pytest.mark.parametrize("strategy", kernels.STRATEGIES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_strategy_computes_the_linear_product(strategy, bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80, bias=bias)
+    layer = fast(linear, strategy)
+    for n in (1, 2, 3, 5, 17, 64, 65, 130):
+        x = torch.randn(1, n, 48)
+        with torch.inference_mode(), kernels.active():
+            got = layer(x)
+        assert got.shape == (1, n, 80) and got.is_contiguous()
+        assert torch.allclose(got, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5), n
+
+
+def test_outside_the_engine_it_is_exactly_nn_linear():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 64)
+    layer = fast(linear, "tn")
+    x = torch.randn(2, 3, 32)
+    assert torch.equal(layer(x), linear(x))
+
+
+def test_deepcopy_gives_plain_linears_and_keeps_ties():
+    model = tiny_llama(vocab=16)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    for parent, name, layer in kernels._linears(model):
+        setattr(parent, name, fast(layer, "wt"))
+    clone = copy.deepcopy(model)
+    assert not any(isinstance(m, kernels.FastLinear) for m in clone.modules())
+    assert clone.lm_head.weight is clone.model.embed_tokens.weight
+    assert torch.equal(clone.lm_head.weight, model.lm_head.weight)
+
+
+def test_install_measures_once_and_keeps_the_logits(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    model = tiny_llama(vocab=16)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+    summary = kernels.install(model)
+    assert summary["layers"] == len([m for m in model.modules() if isinstance(m, kernels.FastLinear)]) > 0
+    assert (tmp_path / "kernels" / "plans.json").exists()
+    with torch.inference_mode(), kernels.active():
+        after = model(input_ids=ids).logits
+    assert torch.allclose(before, after, rtol=1e-5, atol=1e-5)
+
+    again = tiny_llama(vocab=16)
+    monkeypatch.setattr(kernels, "tune_shape", lambda *a, **k: pytest.fail("re-tuned a cached shape"))
+    kernels.install(again)
+    kernels.uninstall(again)
+    assert not any(isinstance(m, kernels.FastLinear) for m in again.modules())
+
+
+def test_bucket_of():
+    assert [kernels.bucket_of(n) for n in (1, 2, 5, 7, 9, 64, 500)] == [1, 2, 6, 8, 12, 64, 64]
