@@ -76,7 +76,9 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     mode = parse_budget(budget)
     ctx = MethodContext(target, list(drafts), datastore, window, dict(options or {}), mode)
     drafter = build_drafter(method, ctx)
-    profile = hardware.profile_for(target.model, progress=note) if mode == "auto" and method != "ar" else None
+    if method == "ar":  # nothing to select or gate
+        mode = "paper"
+    profile = hardware.profile_for(target.model, progress=note) if mode == "auto" else None
     drafter.budget = Budget(mode, profile)
     return drafter
 

@@ -10,9 +10,10 @@ Every drafter attaches to each node an estimate that it is accepted given its pa
    tokens per second the method currently achieves (Dinkelbach's rule for a ratio objective) -- possibly the
    empty draft, a plain autoregressive step;
 3. tells model drafters whether drafting **one more token** is worth its draft-model forward (:meth:`extend`);
-4. **gates** drafting altogether: when the recent net value of drafting (expected extra tokens minus the time
-   spent drafting and verifying, priced at ``value``) is negative, the next steps are plain autoregressive steps,
-   with probes at exponentially spaced steps to notice when drafting pays again.
+4. **gates** drafting altogether: when the recent net value of drafting (the extra tokens steps actually yielded
+   minus the time spent drafting and verifying, priced at ``value``) is negative, the next steps are plain
+   autoregressive steps; probes come back at exponentially spaced steps, and never more often than keeps their
+   losses under :data:`GATE_TOLERANCE` tokens per step, to notice when drafting pays again.
 
 Nothing here reads the target's verdict on the current step: selection and gating use estimates from earlier
 steps only, so verification stays exact (rejection-sampled chains are cut causally, see ``trees.causal_size``).
@@ -37,9 +38,14 @@ from .hardware import Profile
 DEPTH_BINS = 8
 SCORE_BINS = 10
 PRIOR_WEIGHT = 4.0  # pseudo-observations of the drafter's own estimate in each calibration cell
-MAX_BACKOFF = 64
+MAX_BACKOFF = 4096
+GATE_TOLERANCE = 0.02  # after a losing probe, wait until it costs at most this many tokens per step
+PROBE_TOKENS = 4  # a probe (the first drafting step, or the first after a gated stretch) drafts at most this much
 EMA = 0.1  # weight of the newest step in the running value of time
-GATE_EMA = 0.3  # ... and in the running net value of drafting
+GATE_EMA = 0.2  # ... and in the running net value of drafting
+GATE_WARMUP = 8  # drafting steps before a mildly losing drafter is gated (calibration needs a few observations)
+GATE_HOPELESS = -1.0  # ... unless those steps lost more than this many tokens' worth of time
+GATE_RETRY = -0.3  # a drafter whose running net value is above this gets a fresh chance with each generation
 
 
 def parse_budget(spec: str | int | None) -> str | int:
@@ -123,15 +129,21 @@ class Budget:
         self.skip = 0  # autoregressive steps left before the next probe
         self.backoff = 1
         self.steps = self.gated = self.drafted_steps = 0
+        self.lost = 0.0  # tokens' worth of time lost since drafting last started
 
     # -- per generation ----------------------------------------------------------------------------------------
 
     def start(self, sampled: bool) -> None:
-        """Sampled generations start from the drafter's own estimates, so a seed reproduces its output."""
+        """A new generation. Sampled ones start from the drafter's own estimates, so a seed reproduces its output.
+        Greedy ones keep what was learnt, but a drafter that lost only a little gets a fresh chance (prompts
+        differ: a drafter useless on chat may shine on a copy-heavy prompt); one that lost badly stays off until
+        its gated stretch ends."""
         if sampled:
             self.calibrator.reset()
             self.value = 1.0 / self.profile(1)
-            self.net, self.skip, self.backoff, self.drafted_steps = 0.0, 0, 1, 0
+            self.net, self.lost, self.skip, self.backoff, self.drafted_steps = 0.0, 0.0, 0, 1, 0
+        elif self.net > GATE_RETRY:
+            self.net, self.lost, self.skip, self.backoff, self.drafted_steps = 0.0, 0.0, 0, 1, 0
         self.draft_cost = not sampled
         self.steps = self.gated = 0
 
@@ -140,6 +152,16 @@ class Budget:
         return self.mode == "auto"
 
     # -- gate --------------------------------------------------------------------------------------------------
+
+    @property
+    def drafting(self) -> bool:
+        """Whether the next step will draft (model drafters skip their prompt prefill when it will not)."""
+        return not self.adaptive or self.skip <= 0
+
+    def draft_limit(self, room: int) -> int:
+        """How many tokens this step may draft: a probe drafts little, so probing an expensive drafter is cheap."""
+        probing = self.adaptive and (self.drafted_steps == 0 or self.backoff > 1)
+        return min(room, PROBE_TOKENS) if probing else room
 
     def should_draft(self) -> bool:
         """False for a plain autoregressive step (drafting has not paid lately; probes come back off)."""
@@ -211,10 +233,13 @@ class Budget:
         probe = self.backoff > 1 or self.drafted_steps == 0  # the first drafting step, or the first after a gap
         self.drafted_steps += 1
         self.net = net if probe else (1 - GATE_EMA) * self.net + GATE_EMA * net
-        if self.net < 0:
-            self.skip = self.backoff
+        self.lost = min(self.lost + net, 0.0) if not probe else min(net, 0.0)
+        if self.net < 0 and (self.drafted_steps >= GATE_WARMUP or self.lost < GATE_HOPELESS or self.backoff > 1):
+            # wait at least twice as long as last time, and long enough that probes like this one cost at most
+            # GATE_TOLERANCE tokens per step on average (an expensive drafter is probed rarely)
+            self.skip = min(max(self.backoff, int(-self.net / GATE_TOLERANCE)), MAX_BACKOFF)
             self.backoff = min(2 * self.backoff, MAX_BACKOFF)
-        else:
+        elif self.net >= 0:
             self.backoff = 1
 
     def stats(self) -> dict:

@@ -67,6 +67,10 @@ class Drafter:
     def accept(self, tokens: list[int], outcome: Outcome) -> None:
         """``tokens`` already include the accepted tokens and the next token."""
 
+    def use_target_cache(self, cache) -> None:
+        """Called before ``start`` with the target's KV cache of this generation (it holds ``tokens[:-1]`` between
+        steps). Drafters whose draft model is a copy of the target read their prefix states from it."""
+
     def stats(self) -> dict:
         """Method-specific statistics for the whole generation (merged into the result's stats)."""
         return {}
@@ -138,6 +142,7 @@ def generate(
     if len(tokens) > 1:
         engine.forward_chain(target, cache, tokens[:-1], keep=0)
     budget.start(sampled=not sampling.greedy)
+    drafter.use_target_cache(cache)
     drafter.start(list(prompt), sampling, generator)
     prefill_s = time.perf_counter() - t_start
     out: list[int] = []
@@ -146,7 +151,8 @@ def generate(
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         drafting = budget.should_draft()
-        plan = budget.select(drafter.propose(tokens, max_new_tokens - len(out) - 1) if drafting else Draft())
+        room = budget.draft_limit(max_new_tokens - len(out) - 1)
+        plan = budget.select(drafter.propose(tokens, room) if drafting else Draft())
         draft = plan.draft
         t1 = time.perf_counter()
         prefix_len = len(tokens) - 1

@@ -15,23 +15,36 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import engine
+from . import engine, kvcache
 from .sampling import SamplingConfig, entropy, logits_to_probs, sample
 from .trees import Draft
 
 
 class DraftModel:
-    def __init__(self, loaded, vocab_size: int):
+    def __init__(self, loaded, vocab_size: int, profiled: bool = False):
+        """``profiled``: measure (or load) the forward-time profile now, not inside the first timed step."""
         self.loaded = loaded
         self.model = loaded.model
         self.vocab_size = vocab_size  # the target's logit width; draft logits are cut/padded to it
         self._profile = None
+        self.target_cache = None
         self.reset()
+        if profiled:
+            _ = self.profile
 
     def reset(self) -> None:
         self.cache = engine.new_cache(self.model)
         self.seen: list[int] = []  # tokens whose keys/values are in the cache
+        self.exact = 0  # how many of them hold the target's own keys/values (copied from its cache)
         self.fed = 0  # tokens fed by the last logits_after
+
+    def use_target_cache(self, cache) -> None:
+        """Let a draft that is a copy of the target (``int8:``, ``bf16:``) take the keys/values of tokens the target
+        has already processed from the target's cache -- the prompt and every accepted token -- instead of
+        computing them itself: no draft prefill, no catch-up forward after steps that did not draft, and a draft
+        that conditions on the target's exact states. Verification is unchanged, so this is lossless."""
+        if self.loaded.info.get("copy_of_target"):
+            self.target_cache = cache
 
     @property
     def profile(self):
@@ -54,19 +67,27 @@ class DraftModel:
 
     def sync(self, tokens: list[int], feed: int = 1) -> int:
         """Crop the cache to the longest prefix it shares with ``tokens`` that leaves at least ``feed`` tokens to
-        feed; returns that length."""
+        feed, then (with a target cache) take whatever more the target has computed; returns the cached length."""
         common = 0
         limit = min(len(self.seen), len(tokens) - feed)
         while common < limit and self.seen[common] == tokens[common]:
             common += 1
+        if self.target_cache is not None:  # the target's states beat our own approximations of them
+            common = min(common, self.exact)
+            ready = min(len(tokens) - feed, engine.cache_len(self.target_cache))
+            if ready > common and kvcache.copy_prefix(self.cache, self.target_cache, common, ready,
+                                                      self.model.dtype):
+                common = self.exact = ready
+                self.seen = list(tokens[:ready])
         engine.crop(self.cache, common)
         return common
 
-    def prefill(self, prompt: list[int]) -> None:
+    def prefill(self, prompt: list[int], now: bool = True) -> None:
         """Cache the prompt (all but its last token, which the first draft feeds), computing no logits: done once
-        per generation, with the target's prefill, instead of inside the first drafting step."""
+        per generation, with the target's prefill, instead of inside the first drafting step. With ``now=False``
+        (the budget will not draft soon) nothing is fed: a later draft catches up if it ever comes."""
         self.reset()
-        if len(prompt) > 1:
+        if now and len(prompt) > 1 and self.target_cache is None:
             engine.forward_chain(self.model, self.cache, prompt[:-1], keep=0)
             self.seen = list(prompt[:-1])
 

@@ -5,11 +5,12 @@ little depends on the hardware (docs/profiling.md: on a 2-core CPU Gemma-3-270M'
 1-token forward with PyTorch's stock kernels and 1.1x with :mod:`specdec_cli.kernels`; on a GPU it is flat up to
 dozens of tokens). Like Sequoia's measured ``t_target(n)``, :func:`measure` times the model itself on the actual
 device, dtype and thread count, after a short prefill, for ``n`` in :data:`POINTS`; between points the time is
-interpolated linearly, beyond them extrapolated from the last two.
+interpolated linearly, beyond them extrapolated from the last two (a 64-token forward is predicted within 5% on
+Gemma-3-270M).
 
 Profiles are cached under ``$SPECDEC_CACHE/hardware`` keyed by the machine, torch version, thread count, the
 model's weights (name, dtype, shapes) and whether the tuned kernels are installed, so they are measured again
-when any of those changes. Measuring takes about a second (SmolLM2-135M) to two (Gemma-3-270M) on that CPU.
+when any of those changes. Measuring takes about 1.5 s (SmolLM2-135M) to 2 s (Gemma-3-270M) on that CPU.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-CONTEXT = 256  # tokens already in the cache while timing (attention cost grows slowly with it)
-PROFILE_VERSION = 1
+POINTS = (1, 2, 3, 4, 6, 8, 16, 32)
+CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
+PROFILE_VERSION = 2
 
 
 @dataclass
@@ -121,7 +122,6 @@ def measure(model, points=POINTS, context: int = CONTEXT) -> Profile:
     ctx = torch.randint(0, vocab, (context + max(points) + 1,), generator=gen).tolist()
     cache = engine.new_cache(model, context + max(points) + 8)
     engine.forward_chain(model, cache, ctx[:context], keep=0)
-    seconds = []
 
     def once(n: int) -> float:
         t0 = time.perf_counter()
@@ -131,9 +131,12 @@ def measure(model, points=POINTS, context: int = CONTEXT) -> Profile:
         return spent
 
     once(4)  # warm-up: allocations, first-use kernel selection
-    for n in points:
-        seconds.append(min(once(n) for _ in range(2 if n <= 8 else 1)))
-    seconds = list(np.maximum.accumulate(seconds))  # more tokens never cost less (noise aside)
+    best = {n: float("inf") for n in points}
+    for rep in range(2):  # round-robin, so a slow moment of a shared machine does not skew one size only;
+        for n in points:  # the cheap sizes, where draft sizes are decided, twice
+            if rep == 0 or n <= 4:
+                best[n] = min(best[n], once(n))
+    seconds = list(np.maximum.accumulate([best[n] for n in points]))  # more tokens never cost less (noise aside)
     return Profile(list(points), seconds, measured_s=time.perf_counter() - t_start,
                    info={"context": context, "threads": torch.get_num_threads()})
 

@@ -37,8 +37,9 @@ class GrowingLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._k = key_states.new_empty((*key_states.shape[:-2], self.capacity, key_states.shape[-1]))
-        self._v = value_states.new_empty((*value_states.shape[:-2], self.capacity, value_states.shape[-1]))
+        shape = key_states.shape[:-2]
+        self._k = torch.empty((*shape, self.capacity, key_states.shape[-1]), dtype=self.dtype, device=self.device)
+        self._v = torch.empty((*shape, self.capacity, value_states.shape[-1]), dtype=self.dtype, device=self.device)
         self.is_initialized = True
         self._set_views()
 
@@ -95,6 +96,20 @@ class GrowingLayer(DynamicLayer):
             self._set_views()
 
     @torch.inference_mode()
+    def copy_from(self, other, start: int, end: int, dtype: torch.dtype | None = None) -> None:
+        """Make entries ``[start, end)`` those of ``other`` (cast to this layer's dtype, or ``dtype`` for a layer
+        not yet written); the length becomes ``end``."""
+        keys, values = other.keys[..., start:end, :], other.values[..., start:end, :]
+        if not self.is_initialized:
+            self.lazy_initialization(keys.to(dtype or keys.dtype), values.to(dtype or values.dtype))
+        self.length = min(self.length, start)
+        self._reserve(end)
+        self._k[..., start:end, :] = keys
+        self._v[..., start:end, :] = values
+        self.length = end
+        self._set_views()
+
+    @torch.inference_mode()
     def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
         """Keep entries ``[:prefix_len]`` plus ``prefix_len + r`` for ``r`` in ``rows`` (ascending), in that order."""
         if not self.is_initialized:
@@ -107,6 +122,21 @@ class GrowingLayer(DynamicLayer):
                 buf.index_copy_(-2, dst, buf.index_select(-2, src))
         self.length = prefix_len + len(rows)
         self._set_views()
+
+
+def copy_prefix(dst: Cache, src: Cache, start: int, end: int, dtype: torch.dtype | None = None) -> bool:
+    """Copy entries ``[start, end)`` of every layer of ``src`` into ``dst`` (a cache of a model with the same
+    layers, e.g. a quantized copy); returns False, copying nothing, when the layers do not match."""
+    if len(src.layers) != len(dst.layers) or not all(isinstance(d, GrowingLayer) for d in dst.layers):
+        return False
+    for d, s in zip(dst.layers, src.layers):
+        if s.keys is None or s.keys.shape[-2] < end:
+            return False
+        if d.is_initialized and (d._k.shape[:-2] != s.keys.shape[:-2] or d._k.shape[-1] != s.keys.shape[-1]):
+            return False
+    for d, s in zip(dst.layers, src.layers):
+        d.copy_from(s, start, end, dtype)
+    return True
 
 
 def layer_windows(config) -> list[int | None]:

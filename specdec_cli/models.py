@@ -250,7 +250,10 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = "auto", device: str 
         else:
             model = copy.deepcopy(base.model).to(torch.bfloat16)
         model.eval()
-        draft = LoadedModel(model, base.tokenizer, spec, base.chat, {**base.info, "dtype": kind})
+        # a copy of the target itself computes keys/values of the same shapes and meaning as the target's: it may
+        # start from the target's cache instead of re-reading the prompt (see DraftModel.use_target_cache)
+        draft = LoadedModel(model, base.tokenizer, spec, base.chat,
+                            {**base.info, "dtype": kind, "copy_of_target": base is target})
     else:
         draft = load_model(spec, dtype, device)
     check_same_vocab(target, draft)

@@ -104,7 +104,7 @@ def patched_load(smollm2):
 
     drafts_cache: dict = {}
 
-    def fake_load(model, drafts=(), dtype="auto", device="auto"):
+    def fake_load(model, drafts=(), dtype="auto", device="auto", kernel_mode="auto"):
         return smollm2, [drafts_cache.setdefault(d, load_draft(d, smollm2)) for d in drafts]
 
     mp.setattr(api, "load", fake_load)

@@ -78,6 +78,9 @@ class ScriptedDraft:
     def reset(self):
         pass
 
+    def prefill(self, prompt, now=True):
+        pass
+
     def logits_after(self, tokens):
         self.rows = iter(next(self.steps))
         return row(next(self.rows))

@@ -86,3 +86,27 @@ def test_greedy_matches_ar(smollm2, greedy_cases, method):
     for ids, expected in greedy_cases:
         result = api.run(smollm2, ids, api.make_drafter(method, smollm2), max_new_tokens=32)
         assert result.tokens == expected
+
+
+def test_growing_the_trie_equals_rebuilding_it():
+    """Adding generated tokens window by window gives the trie of the whole sequence, frequencies included."""
+    import random
+
+    from specdec_cli.methods.ngram_trie import grow
+
+    def flat(node, prefix=()):
+        out = {}
+        for tok, child in node.children.items():
+            out[prefix + (tok,)] = child.freq
+            out.update(flat(child, prefix + (tok,)))
+        return out
+
+    rng = random.Random(0)
+    seq = [rng.randrange(6) for _ in range(60)]
+    for n, lp in ((6, 3), (13, 3), (4, 2)):
+        root = build_trie(seq[:20], n, lp)
+        indexed = 20
+        for end in (21, 22, 30, 31, 45, 60):
+            grow(root, seq[:end], indexed, n, lp)
+            indexed = end
+            assert flat(root) == flat(build_trie(seq[:end], n, lp)), (n, lp, end)

@@ -47,8 +47,8 @@ class Hsddw(Drafter):
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
-        self.m1.prefill(prompt)
-        self.m2.prefill(prompt)
+        self.m1.prefill(prompt, now=self.budget.drafting)
+        self.m2.prefill(prompt, now=self.budget.drafting)
         self.tau1 = EntropyThreshold(self.tau1_0)
         self.tau2 = EntropyThreshold(self.tau2_0)
         self.h2: list[float] = []  # M2 entropies of the pending chain
@@ -56,6 +56,10 @@ class Hsddw(Drafter):
         self.chain_drafted = self.chain_accepted = self.target_forwards = self.emitted = 0
         self.window_sizes: list[int] = []  # chain length sent to the target, per target step
         self.m1_window_sizes: list[int] = []  # M1 draft length, per round
+
+    def use_target_cache(self, cache) -> None:
+        self.m1.use_target_cache(cache)
+        self.m2.use_target_cache(cache)
 
     def pre_verify_round(self, prefix: list[int], room: int):
         """One M1 draft + M2 pre-verify round; returns the emitted tokens (at most ``room``), their q2 rows
@@ -87,6 +91,7 @@ class Hsddw(Drafter):
         rows: list[torch.Tensor] = []
         scores: list[float] = []
         self.h2 = []
+        path_prob = 1.0
         while len(chain) < cap:
             emitted, q2, conf, h2 = self.pre_verify_round(tokens + chain, cap - len(chain))
             chain += emitted
@@ -96,6 +101,13 @@ class Hsddw(Drafter):
             self.h2 += h2
             if max(h2) > self.tau2.value:  # M2 is unsure: let the target verify now
                 break
+            if self.budget.adaptive:  # another round only if its expected tokens pay for its M1 + M2 time
+                for depth in range(len(chain) - len(emitted) + 1, len(chain) + 1):
+                    cond = self.budget.calibrate_one(depth, scores[depth - 1])
+                    path_prob *= cond
+                per_token = self.m1.profile(1) + self.m2.profile(self.window + 1) / self.window
+                if not self.budget.extend(path_prob, cond, len(chain), per_token):
+                    break
         self.window_sizes.append(len(chain))
         return Draft.chain(chain, torch.cat(rows) if rows else None, scores) if chain else Draft()
 
@@ -136,5 +148,6 @@ def build(ctx) -> Drafter:
     vocab = ctx.target.vocab_size
     window = ctx.window or DEFAULT_WINDOW
     tau0 = ctx.opt("tau0", math.inf, float)
-    return Hsddw(DraftModel(ctx.drafts[0], vocab), DraftModel(ctx.drafts[1], vocab), window,
+    profiled = ctx.budget == "auto"
+    return Hsddw(DraftModel(ctx.drafts[0], vocab, profiled), DraftModel(ctx.drafts[1], vocab, profiled), window,
                  ctx.opt("max_draft", 2 * window, int), ctx.opt("tau1_0", tau0, float), ctx.opt("tau2_0", tau0, float))

@@ -11,7 +11,12 @@ a match with a continuation is found; the matched node's subtree is the suffix t
 ``budget`` most frequent nodes (the paper's min-heap; ancestors always outrank descendants, so the kept set is
 a tree) and verified with tree attention.
 
-Options: n (13), lp (3), budget (32), window (-> max draft depth, default n - 1).
+Beyond the paper, the verified output is added to the trie as it is generated (``grow``, default on; off with
+``--budget paper`` or ``--opt grow=0``), so the drafter also copies from what it wrote, as prompt lookup does;
+and a match shorter than ``L_p`` tokens halves its nodes' scores per missing token (a weaker bet for the budget).
+
+Options: n (13), lp (3), budget (32: the paper's node budget before the engine's selection), window (-> max draft
+depth, default n - 1), grow (1).
 """
 
 from __future__ import annotations
@@ -60,6 +65,32 @@ def build_trie(tokens: list[int], n: int = 13, lp: int = 3) -> TrieNode:
     return root
 
 
+def extend(root: TrieNode, key, known: int, f: int = 1) -> None:
+    """Insert ``key`` whose first ``known`` tokens were inserted before (walked, not counted again)."""
+    node = root
+    for depth, t in enumerate(key):
+        child = node.children.get(t)
+        if child is None:
+            child = node.children[t] = TrieNode(0)
+        if depth >= known:
+            child.freq += f
+        node = child
+
+
+def grow(root: TrieNode, tokens: list[int], indexed: int, n: int, lp: int) -> None:
+    """Add the windows of ``tokens`` that reach beyond its first ``indexed`` tokens (already in the trie): new
+    windows whole, and windows whose suffix was cut at ``indexed`` by the part that is new. Afterwards the trie
+    is the one :func:`build_trie` makes of ``tokens`` (same frequencies), at the cost of the new windows only."""
+    for i in range(max(indexed - n + 1, 0), len(tokens) - lp):
+        had = min(n - lp, indexed - i - lp) if i < indexed - lp else 0  # suffix tokens inserted (0: none)
+        want = min(n - lp, len(tokens) - i - lp)
+        if want <= had:
+            continue
+        for j in range(lp):
+            key = tokens[i + j: i + lp + want]
+            extend(root, key, (lp - j + had) if had else 0)
+
+
 def match(root: TrieNode, tokens: list[int], lp: int) -> tuple[TrieNode | None, int]:
     """Longest suffix of ``tokens`` (at most ``L_p``) that is a path from the root with a continuation."""
     for k in range(min(lp, len(tokens)), 0, -1):
@@ -82,15 +113,18 @@ def prune(node: TrieNode, budget: int, max_depth: int) -> Draft:
 class NGramTrie(Drafter):
     name = "ngram-trie"
 
-    def __init__(self, n: int = 13, lp: int = 3, budget: int = 32, max_depth: int | None = None):
+    def __init__(self, n: int = 13, lp: int = 3, budget: int = 32, max_depth: int | None = None,
+                 grow_output: bool = True):
         self.n, self.lp, self.max_nodes = n, lp, budget  # the paper's node budget (before the engine's selection)
         self.max_depth = max_depth or n - 1
+        self.grow_output = grow_output
         self.root = TrieNode()
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
         t0 = time.perf_counter()
         self.root = build_trie(list(prompt), self.n, self.lp)
+        self.indexed = len(prompt)
         self.build_s = time.perf_counter() - t0
         self.matched = Counter()
 
@@ -99,7 +133,16 @@ class NGramTrie(Drafter):
         self.matched[k] += 1
         if node is None or max_tokens < 1:
             return Draft()
-        return prune(node, self.max_nodes, min(self.max_depth, max_tokens))
+        draft = prune(node, self.max_nodes, min(self.max_depth, max_tokens))
+        if k < self.lp and draft.scores:  # a shorter context match is a weaker bet
+            draft.scores = [p * 0.5 ** (self.lp - k) for p in draft.scores]
+        return draft
+
+    def accept(self, tokens: list[int], outcome) -> None:
+        """With ``grow_output``, the verified output joins the trie too (as prompt lookup looks at prompt + output)."""
+        if self.grow_output:
+            grow(self.root, tokens, self.indexed, self.n, self.lp)
+            self.indexed = len(tokens)
 
     def stats(self) -> dict:
         steps = sum(self.matched.values()) or 1
@@ -118,4 +161,5 @@ def count_nodes(root: TrieNode) -> int:
 
 def build(ctx) -> Drafter:
     n, lp = ctx.opt("n", 13), ctx.opt("lp", 3)
-    return NGramTrie(n, lp, ctx.opt("budget", 32), ctx.window or ctx.opt("max_depth", n - 1))
+    return NGramTrie(n, lp, ctx.opt("budget", 32), ctx.window or ctx.opt("max_depth", n - 1),
+                     bool(ctx.opt("grow", 0 if ctx.budget == "paper" else 1)))

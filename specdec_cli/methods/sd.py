@@ -18,13 +18,16 @@ AUTO_WINDOW = 16
 class SpeculativeSampling(Drafter):
     name = "sd"
 
-    def __init__(self, draft, vocab_size: int, window: int = PAPER_WINDOW):
-        self.dm = DraftModel(draft, vocab_size)
+    def __init__(self, draft, vocab_size: int, window: int = PAPER_WINDOW, profiled: bool = False):
+        self.dm = DraftModel(draft, vocab_size, profiled)
         self.window = window
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
-        self.dm.prefill(prompt)
+        self.dm.prefill(prompt, now=self.budget.drafting)
+
+    def use_target_cache(self, cache) -> None:
+        self.dm.use_target_cache(cache)
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         k = min(self.window, max_tokens)
@@ -33,4 +36,4 @@ class SpeculativeSampling(Drafter):
 
 def build(ctx) -> Drafter:
     default = PAPER_WINDOW if ctx.budget == "paper" else AUTO_WINDOW
-    return SpeculativeSampling(ctx.drafts[0], ctx.target.vocab_size, ctx.window or default)
+    return SpeculativeSampling(ctx.drafts[0], ctx.target.vocab_size, ctx.window or default, ctx.budget == "auto")

@@ -78,10 +78,13 @@ class SelfVerify(Drafter):
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
-        self.dm.prefill(prompt)
+        self.dm.prefill(prompt, now=self.budget.drafting)
         self.tau = EntropyThreshold(self.tau0)
         self.entropies: list[float] = []  # of the pending draft
         self.window_sizes: list[int] = []
+
+    def use_target_cache(self, cache) -> None:
+        self.dm.use_target_cache(cache)
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         k = min(self.window, max_tokens)
@@ -106,5 +109,5 @@ class SelfVerify(Drafter):
 
 
 def build(ctx) -> Drafter:
-    dm = DraftModel(ctx.drafts[0], ctx.target.vocab_size)
+    dm = DraftModel(ctx.drafts[0], ctx.target.vocab_size, profiled=ctx.budget == "auto")
     return SelfVerify(dm, ctx.window or DEFAULT_WINDOW, ctx.opt("tau0", math.inf, float))
