@@ -44,7 +44,7 @@ PROBE_TOKENS = 4  # a probe (the first drafting step, or the first after a gated
 EMA = 0.1  # weight of the newest step in the running value of time
 GATE_EMA = 0.2  # ... and in the running net value of drafting
 GATE_WARMUP = 8  # drafting steps before a mildly losing drafter is gated (calibration needs a few observations)
-GATE_HOPELESS = -1.0  # ... unless those steps lost more than this many tokens' worth of time
+GATE_HOPELESS = -0.5  # ... unless those steps lost more than this many tokens' worth of time
 GATE_RETRY = -0.3  # a drafter whose running net value is above this gets a fresh chance with each generation
 
 

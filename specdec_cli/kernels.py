@@ -36,8 +36,9 @@ import torch
 import torch.nn.functional as F
 
 STRATEGIES = ("nt", "tn", "wt", "mkldnn")
-BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-PLAN_VERSION = 1
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
+WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
+PLAN_VERSION = 2
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3
@@ -90,13 +91,17 @@ class FastLinear(torch.nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
         self.plan = dict(plan)
-        self.table = [self.plan.get(bucket_of(n), "nt") for n in range(BUCKETS[-1] + 1)]
+        self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
+        self.wide = self.plan.get(BUCKETS[-1], "nt")
         with torch.no_grad():
             self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in ("wt", "mkldnn")}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // self.in_features
-        strategy = self.table[n] if _ACTIVE and n < len(self.table) and x.dtype == self.weight.dtype else "nt"
+        if not _ACTIVE or x.dtype != self.weight.dtype:
+            strategy = "nt"
+        else:
+            strategy = self.table[n] if n <= WIDE else self.wide
         if strategy == "nt":
             return F.linear(x, self.weight, self.bias)
         # both sides in the row-major layout the plan was measured with (a transposed view would make MKL pick
@@ -154,11 +159,14 @@ def tune_shape(weights: list[torch.Tensor], strategies=STRATEGIES, buckets=BUCKE
     plan = {}
     for n in buckets:
         x = torch.randn(n, in_features)
+        wide = n > WIDE  # compute-bound: a quarter of the weights is plenty, two rounds, no "tn"
+        these = [s for s in strategies if not (wide and s == "tn")]
+        subset = max(len(weights) // 4, 1) if wide else len(weights)
         best = {s: float("inf") for s in strategies}
-        for rep in range(reps + 1):  # the first round warms up
-            for s in strategies:
+        for rep in range((2 if wide else reps) + 1):  # the first round warms up
+            for s in these:
                 t0 = time.perf_counter()
-                for w, p in zip(weights, packed):
+                for w, p in zip(weights[:subset], packed[:subset]):
                     _apply(s, x, w, p).contiguous()
                 if rep:
                     best[s] = min(best[s], time.perf_counter() - t0)

@@ -16,6 +16,7 @@ Sets come from real data wherever it can be had without guesswork:
   sections of the Python reference documentation that ships with the interpreter (``pydoc_data.topics``), in
   alternating order; 400-800 prompt tokens each.
 * any ``*.jsonl`` path -- one prompt per line (see :func:`load_jsonl_file`).
+* ``NAME*K`` -- each prompt of a named set K times in a row (repeated or agentic workloads: ``humaneval*2``).
 """
 
 from __future__ import annotations
@@ -286,6 +287,11 @@ PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
 def load_prompts(name: str, limit: int | None = None, category: str | None = None, offset: int = 0) -> list[Prompt]:
     """Prompts of a named set (or a ``.jsonl`` path): filtered by ``category``, then ``offset`` skipped, then cut
     to ``limit``."""
+    base, _, times = name.rpartition("*")
+    if "*" in name and times.isdigit() and int(times) >= 1 and base in PROMPT_SETS:
+        # NAME*K: each prompt K times in a row (repeated / agentic workloads); --limit counts distinct prompts
+        prompts = load_prompts(base, limit, category, offset)
+        return [Prompt(f"{p.id}#{k + 1}", p.category, p.turns, p.raw) for p in prompts for k in range(int(times))]
     if name in PROMPT_SETS:
         prompts = PROMPT_SETS[name]()
     elif name.endswith((".jsonl", ".jsonl.gz")) or Path(name).is_file():

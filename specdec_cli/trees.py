@@ -185,7 +185,12 @@ def top_by_count(trie: CountTrie, top_c: int) -> CountTrie:
     ties at the cut go to shallower nodes and smaller token ids, so the choice is deterministic."""
     if len(trie) == 0 or top_c < 1:
         return _empty_trie()
-    ranked = np.lexsort((trie.tokens, trie.depths, -trie.counts))[:top_c]
+    if len(trie) > 4 * top_c:  # rank only the nodes that can make the cut (count >= the top_c-th largest count)
+        kth = np.partition(trie.counts, len(trie) - top_c)[len(trie) - top_c]
+        candidates = np.flatnonzero(trie.counts >= kth)
+    else:
+        candidates = np.arange(len(trie))
+    ranked = candidates[np.lexsort((trie.tokens[candidates], trie.depths[candidates], -trie.counts[candidates]))][:top_c]
     keep = np.zeros(len(trie), dtype=bool)
     for node in sorted(ranked.tolist()):  # creation order is depth order: parents are decided first
         parent = trie.parents[node]

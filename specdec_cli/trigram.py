@@ -17,6 +17,7 @@ Algorithm 2) on top of the read-only base; :meth:`TrigramMatrix.save` merges bot
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
 from pathlib import Path
@@ -207,6 +208,8 @@ class TrigramMatrix:
         self.meta = dict(meta or {})
         self.overlay: dict[int, dict[int, float]] = {}
         self._cache: dict[int, Row] = {}
+        self._cumulative: dict[int, Row] = {}
+        self._overlay_keys: np.ndarray | None = None
 
     @classmethod
     def load(cls, folder, expected_fingerprint: str | None = None, *, verify_checksums: bool = True
@@ -240,16 +243,63 @@ class TrigramMatrix:
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.next_ids[lo:hi].tolist(), self.counts[lo:hi].tolist()
 
-    def row(self, a: int, b: int) -> Row:
-        """Next tokens after ``(a, b)`` and their weights, heaviest first (the overlay's row replaces the base's)."""
-        if not (0 <= a < self.vocab_size and 0 <= b < self.vocab_size):
-            return [], []
-        key = self.key(a, b)
+    def gather(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of many contexts at once, as CSR arrays: ``offsets [len(keys) + 1]``, next ids and
+        probabilities (each row normalised; an unseen context is an empty row; the overlay's rows replace the
+        base's). Vectorised over the memory-mapped base: one ``searchsorted`` for all keys."""
+        keys = np.asarray(keys, dtype=np.int64)
+        n = keys.size
+        lengths = np.zeros(n, dtype=np.int64)
+        lo = np.zeros(n, dtype=np.int64)
+        if self.keys.size and n:
+            idx = np.searchsorted(self.keys, keys)
+            inside = np.minimum(idx, self.keys.size - 1)
+            found = (idx < self.keys.size) & (np.asarray(self.keys[inside]) == keys)
+            offsets = np.asarray(self.offsets)
+            lo = np.where(found, offsets[inside], 0)
+            lengths = np.where(found, offsets[np.minimum(inside + 1, offsets.size - 1)] - lo, 0)
+        adapted = {}
+        if self.overlay:
+            for i in np.flatnonzero(np.isin(keys, self.overlay_keys())).tolist():
+                adapted[i] = self.row_of_key(int(keys[i]))
+                lengths[i] = len(adapted[i][0])
+        out_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=out_offsets[1:])
+        total = int(out_offsets[-1])
+        base_pos = np.repeat(lo - out_offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+        if adapted:  # those rows are filled below; keep their placeholder positions inside the arrays
+            np.clip(base_pos, 0, max(self.next_ids.size - 1, 0), out=base_pos)
+        if total and self.next_ids.size:
+            ids = np.asarray(self.next_ids)[base_pos].astype(np.int64)
+            weights = np.asarray(self.counts)[base_pos].astype(np.float64)
+        else:
+            ids, weights = np.zeros(total, dtype=np.int64), np.zeros(total)
+        for i, (row_ids, row_w) in adapted.items():
+            a, b = out_offsets[i], out_offsets[i + 1]
+            ids[a:b], weights[a:b] = row_ids, row_w
+        sums = np.add.reduceat(weights, out_offsets[:-1][lengths > 0]) if total else np.empty(0)
+        row_sum = np.zeros(n)
+        row_sum[lengths > 0] = sums
+        probs = weights / np.repeat(np.where(row_sum > 0, row_sum, 1.0), lengths)
+        return out_offsets, ids, probs
+
+    def overlay_keys(self) -> np.ndarray:
+        if self._overlay_keys is None or self._overlay_keys.size != len(self.overlay):
+            self._overlay_keys = np.fromiter(self.overlay, dtype=np.int64, count=len(self.overlay))
+        return self._overlay_keys
+
+    def row_of_key(self, key: int) -> Row:
         adapted = self.overlay.get(key)
         if adapted is None:
             return self.base_row(key)
         ranked = sorted(adapted.items(), key=lambda kv: (-kv[1], kv[0]))
         return [t for t, _ in ranked], [w for _, w in ranked]
+
+    def row(self, a: int, b: int) -> Row:
+        """Next tokens after ``(a, b)`` and their weights, heaviest first (the overlay's row replaces the base's)."""
+        if not (0 <= a < self.vocab_size and 0 <= b < self.vocab_size):
+            return [], []
+        return self.row_of_key(self.key(a, b))
 
     def probs(self, a: int, b: int) -> Row:
         """``P(. | a, b)`` over the kept next tokens (Eq. 1 renormalised after pruning); empty when unseen.
@@ -265,8 +315,19 @@ class TrigramMatrix:
             self._cache[key] = hit
         return hit
 
+    def cumulative(self, a: int, b: int) -> tuple[list[int], list[float]]:
+        """Next tokens after ``(a, b)`` and their cumulative probabilities (for sampling by bisection)."""
+        key = self.key(a, b)
+        hit = self._cumulative.get(key)
+        if hit is None:
+            ids, ps = self.probs(a, b)
+            hit = (ids, list(itertools.accumulate(ps)))
+            self._cumulative[key] = hit
+        return hit
+
     def clear_cache(self) -> None:
         self._cache.clear()
+        self._cumulative.clear()
 
     def prob(self, a: int, b: int, c: int) -> float:
         ids, ps = self.probs(a, b)
@@ -306,6 +367,7 @@ class TrigramMatrix:
             weakest = min(row.items(), key=lambda kv: (kv[1], kv[0] == c, -kv[0]))
             del row[weakest[0]]
         self._cache.pop(key, None)
+        self._cumulative.pop(key, None)
 
     # -- saving -----------------------------------------------------------------------------------------------
 

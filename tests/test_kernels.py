@@ -73,4 +73,4 @@ def test_install_measures_once_and_keeps_the_logits(tmp_path, monkeypatch):
 
 
 def test_bucket_of():
-    assert [kernels.bucket_of(n) for n in (1, 2, 5, 7, 9, 64, 500)] == [1, 2, 6, 8, 12, 64, 64]
+    assert [kernels.bucket_of(n) for n in (1, 2, 5, 7, 9, 64, 65, 500)] == [1, 2, 6, 8, 12, 64, 256, 256]

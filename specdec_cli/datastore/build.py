@@ -9,6 +9,7 @@ interrupted build never leaves something that looks like a valid datastore.
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -19,49 +20,83 @@ from ..errors import SpecdecError
 from . import format as fmt
 
 MAX_SHARD_BYTES = 2**31 - 1 - 2**20  # int32 suffix arrays; a little headroom
+DEFAULT_SHARD_BYTES = 128 * 10**6  # sorting a shard needs ~5x its size: this keeps a build near 1 GB of memory
 
 
-def shard_token_chunks(docs: Iterable[list[int]], width: int, shard_bytes: int) -> Iterator[list[list[int]]]:
-    """Group documents into shards of at most ``shard_bytes`` bytes, each document followed by a separator.
-
-    A document longer than a whole shard is cut into pieces (its matches then stop at the cut).
-    """
+def _shard_tokens(width: int, shard_bytes: int) -> int:
     max_tokens = shard_bytes // width - 1
     if max_tokens < 1:
         raise SpecdecError(f"shard size {shard_bytes} bytes is too small for {width}-byte tokens")
-    shard: list[list[int]] = []
-    used = 0
-    for doc in docs:
-        for start in range(0, len(doc), max_tokens):
-            piece = doc[start:start + max_tokens]
-            if shard and used + len(piece) + 1 > max_tokens + 1:
-                yield shard
-                shard, used = [], 0
-            shard.append(piece)
-            used += len(piece) + 1
-    if shard:
-        yield shard
+    return max_tokens
 
 
 def shard_bytes_array(docs: list[list[int]], width: int) -> np.ndarray:
     """Concatenate documents with a separator after each, as a writable 1-D uint8 array (divsufsort's input)."""
-    sep = np.array([fmt.separator(width)], dtype=np.uint32)
-    parts = [part for doc in docs for part in (np.asarray(doc, dtype=np.uint32), sep)]
-    return np.ascontiguousarray(fmt.encode_tokens(np.concatenate(parts), width))
+    buf = ByteBuffer(width)
+    for doc in docs:
+        buf.add(doc)
+    return buf.array()
 
 
-def aligned_suffixes(data: np.ndarray, width: int) -> np.ndarray:
-    """Byte suffix array restricted to token starts (offset % width == 0) that are not separators (int32)."""
+class ByteBuffer:
+    """A shard's token bytes, grown in place: each document is encoded and appended (with its separator) as it
+    arrives, so a shard costs ``width`` bytes per token while it fills, not a Python list per document."""
+
+    def __init__(self, width: int, capacity: int = 1 << 20):
+        self.width = width
+        self.data = np.empty(capacity, dtype=np.uint8)
+        self.size = 0
+        self.documents = 0
+        self.sep = fmt.encode_tokens([fmt.separator(width)], width)
+
+    def tokens(self) -> int:
+        return self.size // self.width
+
+    def add(self, ids) -> None:
+        encoded = fmt.encode_tokens(np.asarray(ids, dtype=np.uint32), self.width)
+        need = self.size + encoded.size + self.sep.size
+        if need > self.data.size:
+            grown = np.empty(max(need, 2 * self.data.size), dtype=np.uint8)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+        self.data[self.size: self.size + encoded.size] = encoded
+        self.data[self.size + encoded.size: need] = self.sep
+        self.size = need
+        self.documents += 1
+
+    def array(self) -> np.ndarray:
+        """The bytes, writable and contiguous (the buffer's own memory when it is exactly full)."""
+        return self.data[: self.size] if self.size == self.data.size else self.data[: self.size].copy()
+
+
+ALIGN_CHUNK = 1 << 24  # suffix-array entries filtered per pass (bounds the temporaries)
+
+
+def aligned_suffixes(data: np.ndarray, width: int, documents: int | None = None) -> np.ndarray:
+    """Byte suffix array restricted to token starts (offset % width == 0) that are not separators (int32).
+
+    A separator is the largest token value, so after the alignment filter the separator suffixes are exactly the
+    last ``documents`` entries (one separator per document): dropped without reading the data again. The filter
+    runs in chunks into a preallocated array, so the peak is the data, the byte suffix array and the result:
+    ``width + 4 * width + 4`` bytes per token.
+    """
     from pydivsufsort import divsufsort
 
     if data.size >= 2**31:
         raise SpecdecError(f"shard of {data.size} bytes is too large for an int32 suffix array")
-    sa = np.asarray(divsufsort(data))
-    sa = sa[sa % width == 0]
-    is_sep = np.ones(sa.shape, dtype=bool)
-    for k in range(width):
-        is_sep &= data[sa + k] == 0xFF
-    return sa[~is_sep].astype(np.int32)
+    sa = divsufsort(data)
+    out = np.empty(data.size // width, dtype=np.int32)
+    kept = 0
+    for start in range(0, sa.size, ALIGN_CHUNK):
+        part = sa[start: start + ALIGN_CHUNK]
+        part = part[part % width == 0]
+        out[kept: kept + part.size] = part
+        kept += part.size
+    del sa
+    if documents is None:  # count separators the slow way (callers that do not know)
+        tokens = fmt.decode_tokens(data, width)
+        documents = int((tokens == fmt.separator(width)).sum())
+    return out[: kept - documents]
 
 
 def _progress(iterable, desc: str, unit: str, enabled: bool, total=None):
@@ -70,15 +105,6 @@ def _progress(iterable, desc: str, unit: str, enabled: bool, total=None):
     from tqdm import tqdm
 
     return tqdm(iterable, desc=desc, unit=unit, total=total, leave=False, dynamic_ncols=True)
-
-
-def _count_tokens(docs: Iterable[list[int]], counter: dict, bar) -> Iterator[list[int]]:
-    for doc in docs:
-        counter["tokens"] += len(doc)
-        counter["documents"] += 1
-        if bar is not None:
-            bar.update(len(doc))
-        yield doc
 
 
 def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, tokenizer_fingerprint: str,
@@ -90,16 +116,27 @@ def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, 
     """
     out = Path(out)
     width = fmt.token_width(vocab_size)
-    shard_bytes = min(shard_bytes, MAX_SHARD_BYTES)
+    max_tokens = _shard_tokens(width, min(shard_bytes, MAX_SHARD_BYTES))
     tmp = fmt.new_build_dir(out)
     t0 = time.perf_counter()
     counter = {"tokens": 0, "documents": 0}
     try:
         bar = _progress(None, "tokenizing", "tok", progress) if progress else None
-        counted = _count_tokens(docs, counter, bar)
-        shards = []
-        for index, shard_docs in enumerate(shard_token_chunks(counted, width, shard_bytes)):
-            shards.append(_write_shard(tmp, index, shard_docs, width, progress))
+        shards: list[dict] = []
+        buf = ByteBuffer(width)
+        for doc in docs:
+            counter["tokens"] += len(doc)
+            counter["documents"] += 1
+            if bar is not None:
+                bar.update(len(doc))
+            for start in range(0, len(doc), max_tokens):  # a document longer than a shard is cut into pieces
+                piece = doc[start:start + max_tokens]
+                if buf.documents and buf.tokens() + len(piece) + 1 > max_tokens + 1:
+                    shards.append(_write_shard(tmp, len(shards), buf, progress))
+                    buf = ByteBuffer(width)
+                buf.add(piece)
+        if buf.documents:
+            shards.append(_write_shard(tmp, len(shards), buf, progress))
         if bar is not None:
             bar.close()
         if not counter["tokens"]:
@@ -120,15 +157,15 @@ def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_shard(folder: Path, index: int, docs: list[list[int]], width: int, progress: bool) -> dict:
-    data = shard_bytes_array(docs, width)
+def _write_shard(folder: Path, index: int, buf: ByteBuffer, progress: bool) -> dict:
+    data = buf.array()
     if progress:
         from tqdm import tqdm
 
-        tqdm.write(f"sorting shard {index}: {data.size / 1e6:.1f} MB, {len(docs)} documents")
-    sa = aligned_suffixes(data, width)
+        tqdm.write(f"sorting shard {index}: {data.size / 1e6:.1f} MB, {buf.documents} documents", file=sys.stderr)
+    sa = aligned_suffixes(data, buf.width, buf.documents)
     names = {"data": f"shard-{index:05d}.data.npy", "sa": f"shard-{index:05d}.sa.npy"}
     np.save(folder / names["data"], data)
     np.save(folder / names["sa"], sa)
-    return {**names, "bytes": int(data.size), "tokens": int(data.size // width), "suffixes": int(sa.size),
-            "documents": len(docs)}
+    return {**names, "bytes": int(data.size), "tokens": int(data.size // buf.width), "suffixes": int(sa.size),
+            "documents": buf.documents}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import format as fmt
+from . import format as fmt, search
 
 
 @dataclass
@@ -24,31 +24,16 @@ class Shard:
     sa: np.ndarray  # int32 byte offsets of token-aligned, non-separator suffixes, sorted (memory-mapped)
 
     def __post_init__(self):
-        # memoryviews make the binary search's single-element reads cheap (no numpy scalar per probe)
-        self.data_view = memoryview(np.asarray(self.data)).cast("B")
-        native = self.sa.dtype == np.dtype("=i4")
-        self.sa_view = memoryview(np.asarray(self.sa)).cast("B").cast("i") if native else self.sa
+        self.data_u8, self.sa_i32 = search.as_arrays(self.data, self.sa)
 
     def match_range(self, query: bytes) -> tuple[int, int]:
         """[lo, hi) of suffix-array entries whose suffix starts with ``query`` (token-aligned bytes)."""
-        data, sa, qlen = self.data_view, self.sa_view, len(query)
-        lo, hi = 0, len(sa)
-        while lo < hi:  # first suffix >= query
-            mid = (lo + hi) // 2
-            start = int(sa[mid])
-            if bytes(data[start:start + qlen]) < query:
-                lo = mid + 1
-            else:
-                hi = mid
-        first, hi = lo, len(sa)
-        while lo < hi:  # first suffix whose qlen-prefix > query
-            mid = (lo + hi) // 2
-            start = int(sa[mid])
-            if bytes(data[start:start + qlen]) <= query:
-                lo = mid + 1
-            else:
-                hi = mid
-        return first, lo
+        lo, hi = search.match_range(self.data_u8, self.sa_i32, np.frombuffer(query, dtype=np.uint8))
+        return int(lo), int(hi)
+
+    def longest_match(self, context: np.ndarray, width: int, n_max: int) -> tuple[int, int, int]:
+        k, lo, hi = search.longest_match(self.data_u8, self.sa_i32, context, width, n_max)
+        return int(k), int(lo), int(hi)
 
 
 @dataclass
@@ -89,12 +74,12 @@ class SuffixArrayDatastore:
 
     def longest_match(self, context: list[int], n_max: int) -> tuple[int, list[tuple[int, int]]]:
         """Longest suffix of ``context`` (at most ``n_max`` tokens) found in the datastore, and its ranges."""
-        for n in range(min(n_max, len(context)), 0, -1):
-            query = self.encode(context[-n:])
-            ranges = [shard.match_range(query) for shard in self.shards]
-            if any(hi > lo for lo, hi in ranges):
-                return n, ranges
-        return 0, []
+        tail = self.encode(context[-n_max:]) if n_max > 0 and context else b""
+        found = [shard.longest_match(np.frombuffer(tail, dtype=np.uint8), self.width, n_max) for shard in self.shards]
+        n = max((k for k, _, _ in found), default=0)
+        if n == 0:
+            return 0, []
+        return n, [(lo, hi) if k == n else (0, 0) for k, lo, hi in found]
 
     def retrieve(self, context: list[int], n_max: int = 16, cont_len: int = 10, max_matches: int = 5000) -> Retrieval:
         """Continuations (up to ``max_matches``, evenly spread over the match range) of the longest match."""

@@ -40,6 +40,47 @@ def lookup_match(tokens: list[int], max_ngram: int = 3, num_pred: int = 10, min_
     return [], 0
 
 
+class NgramIndex:
+    """First occurrence of every n-gram (n <= ``max_ngram``) of a growing sequence, updated with the new tokens
+    only: :func:`lookup` in O(new tokens) per step instead of a scan of the whole sequence (vLLM's and
+    SuffixDecoding's point for long prompts). Used while the engine keeps extending the same token list; any
+    other list is indexed afresh."""
+
+    def __init__(self, max_ngram: int):
+        self.max_ngram = max_ngram
+        self.first: dict[tuple[int, ...], int] = {}
+        self.source: list[int] | None = None
+        self.prefix: list[int] | None = None  # indexed by prepare(), waiting for the list that extends it
+        self.indexed = 0
+
+    def prepare(self, prompt: list[int]) -> None:
+        """Index the prompt ahead of the first step (the engine's token list is adopted if it starts with it)."""
+        self.update(prompt)
+        self.source, self.prefix = None, list(prompt)
+
+    def update(self, tokens: list[int]) -> None:
+        if tokens is not self.source or len(tokens) < self.indexed:
+            adopt = self.source is None and self.prefix is not None and tokens[: len(self.prefix)] == self.prefix
+            if not adopt:  # another sequence: index it afresh
+                self.first, self.indexed = {}, 0
+            self.source, self.prefix = tokens, None
+        first, n = self.first, self.max_ngram
+        for i in range(self.indexed, len(tokens)):  # n-grams ending at i
+            for size in range(1, min(n, i + 1) + 1):
+                first.setdefault(tuple(tokens[i - size + 1: i + 1]), i - size + 1)
+        self.indexed = len(tokens)
+
+    def lookup(self, tokens: list[int], num_pred: int, min_ngram: int = 1) -> tuple[list[int], int]:
+        """The same answer as :func:`lookup_match`: the leftmost earlier occurrence of the longest tail n-gram."""
+        self.update(tokens)
+        length = len(tokens)
+        for size in range(min(self.max_ngram, length - 1), min_ngram - 1, -1):
+            start = self.first.get(tuple(tokens[length - size:]))
+            if start is not None and start + size < length:
+                return tokens[start + size: min(start + size + num_pred, length)], size
+        return [], 0
+
+
 class PromptLookup(Drafter):
     name = "pld"
 
@@ -51,12 +92,14 @@ class PromptLookup(Drafter):
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
         self.hits = self.lookups = 0
+        self.index = NgramIndex(self.max_ngram)
+        self.index.prepare(list(prompt))  # with the prefill, not in the first step
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         k = min(self.num_pred, max_tokens)
         if k < 1:
             return Draft()
-        draft, size = lookup_match(tokens, self.max_ngram, k, self.min_ngram)
+        draft, size = self.index.lookup(tokens, k, self.min_ngram)
         cut = next((i for i, t in enumerate(draft) if t in self.stop_ids), None)
         if cut is not None:  # as transformers does: nothing after an end-of-sequence token
             draft = draft[:cut]
