@@ -16,7 +16,7 @@ from . import hardware, kernels
 from .budget import Budget, parse_budget
 from .decoding import Drafter, GenerationResult, generate
 from .errors import SpecdecError
-from .methods import METHODS, MethodContext, build_drafter
+from .methods import METHODS, MethodContext, build_drafter, check_options
 from .models import LoadedModel, load_draft, load_model
 from .sampling import SamplingConfig
 
@@ -62,6 +62,9 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
         ids = tok(text, add_special_tokens=True)["input_ids"]
     ids = [int(i) for i in ids]
     limit = target.context_length
+    if max_new_tokens >= limit:
+        raise SpecdecError(f"--max-new-tokens {max_new_tokens} does not fit in the model's context of {limit} tokens "
+                           f"(with this {len(ids)}-token prompt: at most {max(limit - len(ids), 0)})")
     if len(ids) + max_new_tokens > limit:
         raise SpecdecError(
             f"prompt is too long: {len(ids)} tokens + {max_new_tokens} new tokens exceed the model's context of {limit}")
@@ -69,12 +72,15 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
 
 
 def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), *, datastore: str | None = None,
-                 window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto"
-                 ) -> Drafter:
+                 window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto",
+                 check: bool = True) -> Drafter:
     """A drafter for ``method`` with its :class:`~specdec_cli.budget.Budget` (``auto``: priced with this machine's
-    measured forward times of ``target``, measured once and cached)."""
+    measured forward times of ``target``, measured once and cached). ``check=False``: the caller has checked
+    ``options`` against several methods that share them (bench)."""
     mode = parse_budget(budget)
     ctx = MethodContext(target, list(drafts), datastore, window, dict(options or {}), mode)
+    if check:
+        check_options([method], ctx.options)
     drafter = build_drafter(method, ctx)
     if method == "ar":  # nothing to select or gate
         mode = "paper"

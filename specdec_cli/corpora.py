@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import SpecdecError
+from .jsonl import iter_jsonl
 
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 
@@ -51,6 +52,26 @@ def iter_documents(corpus: str, limit_docs: int | None = None) -> Iterator[str]:
         if limit_docs is not None and i >= limit_docs:
             return
         yield doc
+
+
+def corpus_bytes(corpus: str) -> int | None:
+    """Total size of a local corpus's files (a progress bar's total); None when unknown (hub corpora)."""
+    total = 0
+    for part in [c.strip() for c in corpus.split(",") if c.strip()]:
+        if part in HUB_CORPORA:
+            return None
+        if part == "python-stdlib":
+            files = stdlib_files()
+        elif part == "site-packages":
+            files = site_packages_files()
+        elif part == "sharegpt-pypi":
+            files = [sharegpt_pypi_path()]
+        else:
+            path = Path(part).expanduser()
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and
+                                                     p.suffix in LOCAL_SUFFIXES]
+        total += sum(f.stat().st_size for f in files)
+    return total
 
 
 def tokenize_documents(tokenizer, docs: Iterable[str], max_tokens: int | None = None,
@@ -107,6 +128,11 @@ def _hub_documents(corpus: str) -> Iterator[str]:
         import datasets
     except ImportError:
         raise SpecdecError(f"corpus {corpus!r} needs the `datasets` package (pip install datasets)") from None
+    from .network import HINT, hub_offline
+
+    if hub_offline():  # streaming reads the network only: nothing to find in a cache
+        raise SpecdecError(f"corpus {corpus!r} ({dataset_id}) streams from the Hugging Face hub, and {HINT}; "
+                           "use a local corpus (python-stdlib, site-packages, sharegpt-pypi, or a path)")
     try:
         rows = datasets.load_dataset(dataset_id, streaming=True, **kwargs)
         first = iter(rows)
@@ -248,14 +274,7 @@ def _file_documents(file: Path) -> Iterator[str]:
 
 
 def _iter_jsonl(file: Path) -> Iterator:
-    with open(file, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SpecdecError(f"{file}:{lineno}: invalid JSON line ({err.msg})") from None
+    return iter_jsonl(file, "corpus file", objects=False)
 
 
 def _read_text(path: Path) -> str:

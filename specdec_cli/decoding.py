@@ -17,8 +17,9 @@ from typing import Callable
 
 import torch
 
-from . import engine
+from . import engine, metrics
 from .budget import Budget
+from .errors import SpecdecError
 from .sampling import SamplingConfig
 from .trees import Draft
 from .verify import verify_rejection, verify_tree
@@ -75,6 +76,9 @@ class Drafter:
         """Method-specific statistics for the whole generation (merged into the result's stats)."""
         return {}
 
+    def finish(self) -> None:
+        """Called once after the last generation: drafters that learn (``aded --save-adapted``) save it now."""
+
 
 @dataclass
 class StepStats:
@@ -107,11 +111,10 @@ class GenerationResult:
             "target_forwards": steps,
             "drafted": drafted,
             "accepted": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None,
-            # mean accepted length: tokens emitted per target forward, the target's own token included
-            "mean_accepted_length": emitted / steps if steps else 0.0,
-            "redundancy_sigma": 1 - accepted / drafted if drafted else None,
-            "target_utilisation_eta": steps / emitted if emitted else None,
+            "acceptance_rate": metrics.acceptance_rate(accepted, drafted),
+            "mean_accepted_length": metrics.mean_accepted_length(emitted, steps) or 0.0,
+            "redundancy_sigma": metrics.sigma(accepted, drafted),
+            "target_utilisation_eta": metrics.eta(steps, emitted),
             "draft_s": sum(s.draft_s for s in self.steps),
             "verify_s": sum(s.verify_s for s in self.steps),
             "prefill_s": self.prefill_s,
@@ -120,6 +123,14 @@ class GenerationResult:
             "stopped_by": self.stopped_by,
             **self.extra,
         }
+
+
+def vocab_size(model) -> int:
+    """Rows of the input embedding: token ids at or above it are not tokens of this model."""
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError, NotImplementedError):
+        return int(getattr(getattr(model, "config", None), "vocab_size", None) or 2**62)
 
 
 def generate(
@@ -136,6 +147,7 @@ def generate(
     """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM)."""
     generator = torch.Generator().manual_seed(seed)
     budget = drafter.budget
+    vocab = vocab_size(target)
     t_start = time.perf_counter()
     cache = engine.new_cache(target, len(prompt) + max_new_tokens + 8)
     tokens = list(prompt)
@@ -154,6 +166,10 @@ def generate(
         room = budget.draft_limit(max_new_tokens - len(out) - 1)
         plan = budget.select(drafter.propose(tokens, room) if drafting else Draft())
         draft = plan.draft
+        if draft.tokens and not 0 <= min(draft.tokens) <= max(draft.tokens) < vocab:
+            bad = next(t for t in draft.tokens if not 0 <= t < vocab)
+            raise SpecdecError(f"{drafter.name}: drafted token id {bad} is outside the model's vocabulary of {vocab} "
+                               "(corrupt datastore? check it with `specdec build-datastore --verify --out DIR`)")
         t1 = time.perf_counter()
         prefix_len = len(tokens) - 1
         logits = engine.forward_tree(target, cache, tokens[-1], draft.tokens, draft.parents)

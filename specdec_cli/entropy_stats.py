@@ -12,14 +12,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from .decoding import Draft, Outcome, generate
-from .draft_model import draft_chain
-from .methods.sd import SpeculativeSampling
-from .methods.self_verify import rejected_index
+from .decoding import Draft, Drafter, Outcome, generate
+from .draft_model import DraftModel, draft_chain
+from .entropy_window import rejected_index
 from .sampling import SamplingConfig
 
 
-class EntropyRecorder(SpeculativeSampling):
+class EntropyRecorder(Drafter):
     """``sd`` that records ``H(q_draft)`` of each drafted token and the target's verdict on it.
 
     Drafting goes through :func:`~specdec_cli.draft_model.draft_chain` with ``tau = inf`` and no budget: the
@@ -30,13 +29,18 @@ class EntropyRecorder(SpeculativeSampling):
     name = "sd-entropy"
 
     def __init__(self, draft, vocab_size: int, window: int = 5):
-        super().__init__(draft, vocab_size, window)
+        self.dm = DraftModel(draft, vocab_size)
+        self.window = window
         self.accepted: list[float] = []
         self.rejected: list[float] = []
         self.unverified = 0
 
+    def use_target_cache(self, cache) -> None:
+        self.dm.use_target_cache(cache)
+
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
+        self.dm.prefill(prompt)
         self.pending: list[float] = []
         self.generation_rejected: list[float] = []  # this generation's rejected entropies: self-verify's tau
 

@@ -18,7 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
+from .atomic import new_build_dir, replace_dir
 from .errors import SpecdecError
+from .network import HINT, hub_offline
 
 
 @dataclass(frozen=True)
@@ -155,24 +157,36 @@ def convert_gguf(gguf: Path, progress: bool = True) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     kw = dict(gguf_file=gguf.name)
+    if progress:
+        _say(f"first use of {gguf.name}: de-quantizing it into a transformers checkpoint under {out.parent} (once)")
+    t0 = time.perf_counter()
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kw)
     except Exception as err:  # noqa: BLE001
         raise SpecdecError(f"could not read GGUF file {gguf}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = new_build_dir(out)
+    if progress:
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        _say(f"writing the de-quantized model ({size / 1e9:.2f} GB) to the cache...")
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / "specdec-converted.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        _say(f"converted in {time.perf_counter() - t0:.0f} s; later runs load it from the cache")
     return out
+
+
+def _say(message: str) -> None:
+    import sys
+
+    sys.stderr.write(f"specdec: {message}\n")
+    sys.stderr.flush()
 
 
 def _find_source(spec: str) -> tuple[str, Alias | None]:
@@ -204,14 +218,14 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     source, alias = _find_source(spec)
     torch_dtype = resolve_dtype(dtype, device)
     dmap = device_map(device)
+    offline = not Path(source).exists() and hub_offline()
     try:
         tok = AutoTokenizer.from_pretrained(source)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, device_map=dmap)
     except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise SpecdecError(f"could not load model {spec!r} from {source}: {first}") from None
+        raise load_error(f"model {spec!r}", source, err, offline) from None
     model.eval()
     chat = alias.chat if alias and alias.chat is not None else bool(getattr(tok, "chat_template", None))
     return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": str(torch_dtype).replace("torch.", "")})
@@ -222,11 +236,19 @@ def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
     source, _ = _find_source(spec)
+    offline = not Path(source).exists() and hub_offline()
     try:
         return AutoTokenizer.from_pretrained(source)
     except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise SpecdecError(f"could not load the tokenizer of {spec!r} from {source}: {first}") from None
+        raise load_error(f"the tokenizer of {spec!r}", source, err, offline) from None
+
+
+def load_error(what: str, source: str, err: Exception, offline: bool) -> SpecdecError:
+    """One line for a failed ``from_pretrained``: offline and not cached, or the library's first line."""
+    if offline:
+        return SpecdecError(f"could not load {what}: {source} is not in the local Hugging Face cache and {HINT}")
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return SpecdecError(f"could not load {what} from {source}: {first}")
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,15 +22,14 @@ Sets come from real data wherever it can be had without guesswork:
 from __future__ import annotations
 
 import ast
-import gzip
 import importlib.util
-import json
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .errors import SpecdecError
+from .jsonl import iter_jsonl
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -58,14 +57,7 @@ def package_dir(module: str, pip_name: str) -> Path:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a (optionally gzipped) JSON-lines file; a clear error when it is missing or malformed."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
-    except OSError as err:
-        raise SpecdecError(f"cannot read prompt file {path}: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise SpecdecError(f"prompt file {path} is not JSON lines: {err}") from None
+    return list(iter_jsonl(path, "prompt file"))
 
 
 # --- MT-Bench ---------------------------------------------------------------------------------------------------
@@ -93,6 +85,9 @@ def load_humaneval() -> list[Prompt]:
 
 def load_hub_rows(repo: str, config: str | None, split: str, sample_name: str) -> list[dict]:
     """Rows of a hub dataset; offline or unreachable hub -> one-line error pointing at the shipped sample."""
+    from .network import HINT, hub_offline
+
+    offline = hub_offline()
     try:
         import datasets
 
@@ -100,6 +95,9 @@ def load_hub_rows(repo: str, config: str | None, split: str, sample_name: str) -
         datasets.disable_progress_bars()
         return list(datasets.load_dataset(repo, config, split=split))
     except Exception as err:  # noqa: BLE001 - network, auth, cache: all reported the same way
+        if offline:
+            raise SpecdecError(f"could not load {repo}: it is not in the local cache and {HINT}; "
+                               f"use --prompts {sample_name} for the small shipped sample") from None
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise SpecdecError(f"could not load {repo} from the Hugging Face hub ({type(err).__name__}: {first[:160]}); "
                            f"offline? use --prompts {sample_name} for the small shipped sample") from None

@@ -12,7 +12,7 @@ import pytest
 from specdec_cli.errors import SpecdecError
 from specdec_cli.mcts import MCTSConfig, exploration, puct, run_mcts
 from specdec_cli.trees import merge_paths
-from specdec_cli.trigram import TrigramMatrix, build_trigram_datastore
+from specdec_cli.datastore import TrigramMatrix, build_trigram_datastore
 
 V = 10
 
@@ -166,7 +166,7 @@ def test_store_kinds_share_one_manifest_and_refuse_each_other(tmp_path):
     from specdec_cli.datastore import format as fmt
 
     build_trigram_datastore([[1, 2, 3, 4, 5]], tmp_path / "tri", fingerprint="fp", vocab_size=V, progress=False)
-    build_suffix_array_datastore([[1, 2, 3, 4, 5]], tmp_path / "sa", tokenizer_fingerprint="fp", vocab_size=V,
+    build_suffix_array_datastore([[1, 2, 3, 4, 5]], tmp_path / "sa", fingerprint="fp", vocab_size=V,
                                  progress=False)
     tri = fmt.read_manifest(tmp_path / "tri", "trigram")
     assert tri["format"] == fmt.FORMAT and tri["num_tokens"] == 5

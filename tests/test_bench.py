@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ from specdec_cli.cli import app
 from specdec_cli.errors import SpecdecError
 from specdec_cli.prompts import load_prompts
 
-METHODS = "ar,pld,hf" if Path(lib.__file__).with_name("methods").joinpath("pld.py").exists() else "ar,sd,hf"
+METHODS = "ar,pld,hf" if importlib.util.find_spec("specdec_cli.methods.pld") else "ar,sd,hf"
 
 
 # --- prompt sets (no model) ---------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_plot_writes_png(real_run):
 def canned(real_run, monkeypatch):
     """Make `bench` return a copy of the real record so CLI behaviour can be tested without generating again."""
     record = real_run[0]
-    monkeypatch.setattr(lib, "benchmark", lambda cfg, target, drafts: copy.deepcopy(record))
+    monkeypatch.setattr(lib, "benchmark", lambda cfg, target, drafts, *rest: copy.deepcopy(record))
     return record
 
 
@@ -219,7 +219,7 @@ def test_compare_flags_a_losslessness_failure(canned, tmp_path, monkeypatch):
     broken = copy.deepcopy(canned)
     broken["results"][1].update(lossless=False, identical=1,
                                 mismatches=[{"prompt_id": "HumanEval/0", "turn": 0, "first_divergence": 3}])
-    monkeypatch.setattr(lib, "benchmark", lambda cfg, target, drafts: copy.deepcopy(broken))
+    monkeypatch.setattr(lib, "benchmark", lambda cfg, target, drafts, *rest: copy.deepcopy(broken))
     old = tmp_path / "old.jsonl"
     write_records(old, canned)
     result = invoke("--compare", str(old))

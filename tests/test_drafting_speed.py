@@ -13,7 +13,7 @@ import pytest
 from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
 from specdec_cli.memory import OutputMemory
 from specdec_cli.mcts import MCTSConfig, reachable, run_mcts
-from specdec_cli.trigram import TrigramMatrix
+from specdec_cli.datastore import TrigramMatrix
 
 VOCAB = 50
 
@@ -30,7 +30,7 @@ def brute_longest(docs, context, n_max):
 def test_compiled_longest_match_equals_brute_force(tmp_path, vocab):
     rng = random.Random(0)
     docs = [[rng.randrange(6) for _ in range(rng.randrange(5, 60))] for _ in range(30)]
-    build_suffix_array_datastore(docs, tmp_path / "sa", tokenizer_fingerprint="x", vocab_size=vocab, shard_bytes=400,
+    build_suffix_array_datastore(docs, tmp_path / "sa", fingerprint="x", vocab_size=vocab, shard_bytes=400,
                                  progress=False)  # several shards
     store = SuffixArrayDatastore.load(tmp_path / "sa")
     for _ in range(200):

@@ -94,13 +94,13 @@ def gpu_cases(gpu_smollm2):
 @pytest.fixture(scope="module")
 def gpu_stores(gpu_smollm2, tmp_path_factory):
     from specdec_cli.datastore import build_suffix_array_datastore
-    from specdec_cli.trigram import build_trigram_datastore
+    from specdec_cli.datastore import build_trigram_datastore
 
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:40]
     tok = gpu_smollm2.tokenizer
     docs = [tok(f.read_text(errors="ignore"), add_special_tokens=False)["input_ids"] for f in files]
     root = tmp_path_factory.mktemp("gpu-stores")
-    build_suffix_array_datastore(iter(docs), root / "sa", tokenizer_fingerprint=gpu_smollm2.fingerprint,
+    build_suffix_array_datastore(iter(docs), root / "sa", fingerprint=gpu_smollm2.fingerprint,
                                  vocab_size=len(tok), progress=False)
     build_trigram_datastore(iter(docs), root / "tri", fingerprint=gpu_smollm2.fingerprint,
                             vocab_size=gpu_smollm2.vocab_size, progress=False)

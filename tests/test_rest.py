@@ -32,7 +32,7 @@ def stdlib_store(smollm2, tmp_path_factory) -> Path:
     assert len(texts) == len(STDLIB_FILES)
     out = tmp_path_factory.mktemp("rest") / "stdlib"
     docs = tokenize_documents(smollm2.tokenizer, texts, max_tokens=None)
-    build_suffix_array_datastore(docs, out, tokenizer_fingerprint=smollm2.fingerprint,
+    build_suffix_array_datastore(docs, out, fingerprint=smollm2.fingerprint,
                                  vocab_size=len(smollm2.tokenizer), progress=False)
     return out
 
@@ -71,7 +71,7 @@ def test_rest_options_shape_the_tree(smollm2, stdlib_store):
 
 def test_other_tokenizer_datastore_refused(smollm2, tmp_path):
     out = tmp_path / "other"
-    build_suffix_array_datastore([[1, 2, 3]], out, tokenizer_fingerprint="0" * 32, vocab_size=100, progress=False,
+    build_suffix_array_datastore([[1, 2, 3]], out, fingerprint="0" * 32, vocab_size=100, progress=False,
                                  meta={"model": "some-other-model"})
     with pytest.raises(SpecdecError, match="another tokenizer"):
         api.make_drafter("rest", smollm2, datastore=str(out))

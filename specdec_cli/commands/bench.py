@@ -44,14 +44,16 @@ def bench(
                                                   "repeatable as METHOD=DIR, e.g. rest=DIR and aded=DIR"),
     window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default when unset)"),
     opt: Optional[List[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable)"),
-    out: Optional[str] = typer.Option(None, "--out", help="append this run's record to a JSONL file"),
+    out: Optional[str] = typer.Option(None, "--out", help="append this run's record to a JSONL file (finished "
+                                      "generations are kept in OUT.partial until then)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run with the same options and --out"),
     compare_to: Optional[str] = typer.Option(None, "--compare", help="JSONL of earlier records; regressions exit 3"),
     tolerance: float = typer.Option(0.10, "--tolerance", help="allowed relative speedup drop for --compare"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG bar chart of speedups"),
     as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
 ) -> None:
     """Benchmark methods side by side: tokens/s, speedup vs ar, accepted length, sigma, eta, identical outputs."""
-    from ..cli import parse_opts, quiet_libraries, user_errors
+    from .common import parse_opts, quiet_libraries, user_errors
 
     with user_errors():
         from .. import api, bench as lib
@@ -64,19 +66,41 @@ def bench(
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
                               datastore=list(datastore or []), window=window, options=parse_opts(opt), threads=threads,
                               budget=budget, kernels=kernels)
-        lib.method_list(cfg.methods)  # fail on a typo before loading anything
+        cfg.methods = lib.method_list(cfg.methods)  # fail on a typo before loading anything
+        from dataclasses import asdict
+
         from ..budget import parse_budget
+        from ..checkpoint import Checkpoint
+        from ..errors import Interrupted
 
         parse_budget(budget)
+        if max_new_tokens < 1:
+            raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        if window is not None and window < 1:
+            raise SpecdecError(f"--window must be >= 1, got {window}")
         lib.set_threads(threads)
         lib.datastore_for("rest", cfg.datastore)  # ... and on ambiguous --datastore values
+        from ..methods import check_options, precheck_datastore
+
+        check_options([m for m in cfg.methods if m in api.METHODS], cfg.options)
+        for name in cfg.methods:
+            precheck_datastore(name, lib.datastore_for(name, cfg.datastore))
         old_records = lib.read_records(compare_to) if compare_to else None
+        if out:
+            lib.check_out_file(out)
+        checkpoint = Checkpoint(out, asdict(cfg), resume)
         quiet_libraries()
+        prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)  # before the model loads
         target, drafts = api.load(model, cfg.drafts, dtype, device, kernels)
-        record = lib.benchmark(cfg, target, drafts)
+        try:
+            record = lib.benchmark(cfg, target, drafts, checkpoint, prompt_list)
+        except KeyboardInterrupt:
+            hint = f"; finished generations are in {checkpoint.path}: rerun with --resume" if out else ""
+            raise Interrupted(f"interrupted{hint}") from None
         findings = lib.compare(record, old_records, tolerance) if old_records is not None else None
         if out:
             lib.append_record(out, record)
+            checkpoint.finish()
         if plot:
             lib.plot_speedups(record, plot)
         report(lib, record, findings, tolerance, as_json)
@@ -102,7 +126,7 @@ def bench_merge(
     as_json: bool = typer.Option(False, "--json", help="print the merged record as one JSON object"),
 ) -> None:
     """Merge shards of one benchmark (bench --offset/--limit runs over disjoint prompts) into one record."""
-    from ..cli import user_errors
+    from .common import user_errors
 
     with user_errors():
         from .. import bench as lib

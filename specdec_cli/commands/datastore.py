@@ -1,15 +1,12 @@
 """``specdec build-datastore``: tokenize a corpus with a model's tokenizer and index it for retrieval drafting.
 
 ``--kind suffix-array`` (default) builds REST's datastore (specdec_cli/datastore); ``--kind trigram`` hands the
-same token documents to ``specdec_cli.trigram.build_trigram_datastore`` (ADED). Only the tokenizer is loaded.
+same token documents to the tri-gram builder (ADED); both through ``datastore.pipeline.build``.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -37,7 +34,7 @@ def bench_drafting(
     as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
 ) -> None:
     """Time one drafting step (``propose``) of a model-free drafter on realistic contexts (no target model)."""
-    from ..cli import parse_opts, quiet_libraries, user_errors
+    from .common import parse_opts, quiet_libraries, user_errors
     from ..errors import SpecdecError
 
     with user_errors():
@@ -64,13 +61,14 @@ def build_datastore(
     kind: str = typer.Option("suffix-array", "--kind", help="suffix-array (rest) or trigram (aded)"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop after this many corpus tokens"),
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="stop after this many documents"),
-    shard_mb: Optional[float] = typer.Option(None, "--shard-mb", help="suffix-array shard size in MB (default: 128; "
+    shard_mb: Optional[float] = typer.Option(None, "--shard-mb", help="suffix-array shard size in MB (default: 64; "
                                              "memory while sorting is about 5x the shard size)"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="tokenizer processes (default: one per core)"),
     verify: bool = typer.Option(False, "--verify", help="only check an existing --out datastore (sizes + sha256)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
 ) -> None:
     """Build a retrieval datastore (REST suffix array, or ADED tri-gram matrix) from a corpus."""
-    from ..cli import quiet_libraries, user_errors
+    from .common import quiet_libraries, user_errors
     from ..errors import SpecdecError
 
     with user_errors():
@@ -81,76 +79,16 @@ def build_datastore(
             return
         if not corpus:
             raise SpecdecError("--corpus is required to build a datastore (see `specdec build-datastore --help`)")
-        for name, value in (("--max-tokens", max_tokens), ("--max-docs", max_docs), ("--shard-mb", shard_mb)):
+        for name, value in (("--max-tokens", max_tokens), ("--max-docs", max_docs), ("--shard-mb", shard_mb),
+                            ("--workers", workers)):
             if value is not None and value <= 0:
                 raise SpecdecError(f"{name} must be > 0, got {value}")
         quiet_libraries()
+        from ..datastore.pipeline import build
+
         summary = build(corpus, model, out, kind=kind, max_tokens=max_tokens, max_docs=max_docs,
-                        shard_bytes=int(shard_mb * 1e6) if shard_mb else None, progress=not quiet)
-        typer.echo(json.dumps(summary), err=True)
-
-
-def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_tokens: int | None = None,
-          max_docs: int | None = None, shard_bytes: int | None = None, progress: bool = True) -> dict:
-    """Library entry point of the command; returns a short summary (tokens, seconds, bytes per token)."""
-    from ..corpora import iter_documents, tokenize_documents
-    from ..errors import SpecdecError
-    from ..models import load_tokenizer, tokenizer_fingerprint
-
-    texts = iter_documents(corpus, max_docs)
-    first = next(texts, None)  # corpus problems (unknown name, offline hub) surface before the tokenizer loads
-    if first is None:
-        raise SpecdecError(f"corpus {corpus!r} holds no documents")
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # batches are tokenized on every core (in Rust)
-    tokenizer = load_tokenizer(model)
-    fingerprint, vocab_size = tokenizer_fingerprint(tokenizer), len(tokenizer)
-    docs = tokenize_documents(tokenizer, itertools.chain([first], texts), max_tokens)
-    meta = {"corpus": corpus, "model": model, "max_tokens": max_tokens, "max_docs": max_docs}
-    t0 = time.perf_counter()
-    if kind == "trigram":
-        from ..trigram import build_trigram_datastore  # issue 5 (ADED); imported only when asked for
-
-        manifest = build_trigram_datastore(docs, out, fingerprint, vocab_size,
-                                           **_accepted_kwargs(build_trigram_datastore, progress=progress, meta=meta))
-    else:
-        from ..datastore import build_suffix_array_datastore
-        from ..datastore.build import DEFAULT_SHARD_BYTES
-
-        manifest = build_suffix_array_datastore(docs, out, tokenizer_fingerprint=fingerprint, vocab_size=vocab_size,
-                                                shard_bytes=shard_bytes or DEFAULT_SHARD_BYTES, progress=progress,
-                                                meta=meta)
-    seconds = time.perf_counter() - t0
-    return _summary(Path(out), manifest or {}, seconds)
-
-
-def _accepted_kwargs(func, **kwargs) -> dict:
-    """The optional keyword arguments ``func`` declares (the trigram builder is owned by another module)."""
-    import inspect
-
-    params = inspect.signature(func).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (Linux/macOS ``ru_maxrss``)."""
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def _summary(out: Path, manifest: dict, seconds: float) -> dict:
-    tokens = int(manifest.get("num_tokens", 0))
-    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file()) if out.is_dir() else 0
-    peak = peak_rss_bytes()
-    return {"out": str(out), "kind": manifest.get("kind"), "tokens": tokens, "documents": manifest.get("num_documents"),
-            "shards": len(manifest.get("shards", [])), "bytes": size, "seconds": round(seconds, 2),
-            "bytes_per_token": round(size / tokens, 3) if tokens else None,
-            "seconds_per_million_tokens": round(seconds / tokens * 1e6, 2) if tokens else None,
-            "peak_rss_bytes": peak, "peak_rss_bytes_per_token": round(peak / tokens, 2) if tokens else None}
+                        shard_bytes=int(shard_mb * 1e6) if shard_mb else None, progress=not quiet, workers=workers)
+        typer.echo(json.dumps(summary))  # progress went to stderr; the one machine-readable line to stdout
 
 
 def _verify_existing(out: str, kind: str) -> None:

@@ -1,13 +1,11 @@
 """``specdec inspect-entropy``: entropy of accepted vs rejected draft tokens under vanilla SD (paper Figure 6).
 
-A thin layer over :mod:`specdec_cli.entropy_stats`; the CLI helpers are imported lazily from ``cli`` (which
-imports this module while it is being set up).
+A thin layer over :mod:`specdec_cli.entropy_stats`.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from typing import List, Optional
 
 import typer
@@ -24,8 +22,12 @@ def read_entropy_prompts(prompts: Optional[List[str]], prompts_file: Optional[st
                 out += [line for line in fh.read().splitlines() if line.strip()]
         except OSError as err:
             raise SpecdecError(f"cannot read --prompts-file {prompts_file}: {err.strerror}") from None
+        except UnicodeDecodeError:
+            raise SpecdecError(f"--prompts-file {prompts_file} is not UTF-8 text (one prompt per line)") from None
     if use_stdin:
-        out += [line for line in sys.stdin.read().splitlines() if line.strip()]
+        from .common import read_stdin
+
+        out += [line for line in read_stdin().splitlines() if line.strip()]
     if not out:
         raise SpecdecError("no prompts: give them as arguments, with --prompts-file FILE, or with --stdin")
     return out
@@ -55,57 +57,58 @@ def render_table(report: dict, meta: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("inspect-entropy")
-    def inspect_entropy(
-        prompts: Optional[List[str]] = typer.Argument(None, help="prompt texts"),
-        prompts_file: Optional[str] = typer.Option(None, "--prompts-file", help="one prompt per line"),
-        use_stdin: bool = typer.Option(False, "--stdin", help="read prompts from stdin, one per line"),
-        model: str = typer.Option("smollm2-135m", "--model", "-m", help="target model (alias, hub id or path)"),
-        draft: str = typer.Option("int8:", "--draft", "-d", help="draft model (also int8: / bf16: copies of the target)"),
-        window: int = typer.Option(5, "--window", "-k", help="fixed draft window K of the sd run"),
-        max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n"),
-        temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (entropy of the draft's softmax)"),
-        seed: int = typer.Option(0, "--seed"),
-        dtype: str = typer.Option("auto", "--dtype"),
-        device: str = typer.Option("auto", "--device"),
-        threads: int = typer.Option(0, "--threads", help="torch CPU threads (0 = torch's default)"),
-        raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
-        plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG histogram here"),
-        as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
-    ) -> None:
-        """Entropy of accepted vs rejected draft tokens under vanilla SD, and the tau self-verify would learn."""
-        from ..cli import quiet_libraries, user_errors
-        from ..errors import SpecdecError
+    app.command("inspect-entropy")(inspect_entropy)
 
-        with user_errors():
-            from .. import api, entropy_stats
 
-            texts = read_entropy_prompts(prompts, prompts_file, use_stdin)
-            if window < 1:
-                raise SpecdecError(f"--window must be >= 1, got {window}")
-            if max_new_tokens < 1:
-                raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-            sampling = api.SamplingConfig(temperature).validate()
-            quiet_libraries()
-            if threads > 0:
-                import torch
+def inspect_entropy(
+    prompts: Optional[List[str]] = typer.Argument(None, help="prompt texts"),
+    prompts_file: Optional[str] = typer.Option(None, "--prompts-file", help="one prompt per line"),
+    use_stdin: bool = typer.Option(False, "--stdin", help="read prompts from stdin, one per line"),
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="target model (alias, hub id or path)"),
+    draft: str = typer.Option("int8:", "--draft", "-d", help="draft model (also int8: / bf16: copies of the target)"),
+    window: int = typer.Option(5, "--window", "-k", help="fixed draft window K of the sd run"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (entropy of the draft's softmax)"),
+    seed: int = typer.Option(0, "--seed"),
+    dtype: str = typer.Option("auto", "--dtype"),
+    device: str = typer.Option("auto", "--device"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
+    raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG histogram here"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
+) -> None:
+    """Entropy of accepted vs rejected draft tokens under vanilla SD, and the tau self-verify would learn."""
+    from .common import quiet_libraries, user_errors
+    from ..errors import SpecdecError
 
-                torch.set_num_threads(threads)
-            target, (draft_model,) = api.load(model, [draft], dtype, device)
-            ids = [api.encode_prompt(target, t, raw=raw, max_new_tokens=max_new_tokens) for t in texts]
-            sample = entropy_stats.collect_entropies(target, draft_model, ids, window=window,
-                                                     max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
-            report = entropy_stats.entropy_report(sample)
-            meta = {"model": model, "draft": draft, "window": window, "prompts": len(texts),
-                    "max_new_tokens": max_new_tokens, "temperature": temperature}
+    with user_errors():
+        from .. import api, entropy_stats
+
+        texts = read_entropy_prompts(prompts, prompts_file, use_stdin)
+        if window < 1:
+            raise SpecdecError(f"--window must be >= 1, got {window}")
+        if max_new_tokens < 1:
+            raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        sampling = api.SamplingConfig(temperature).validate()
+        from ..bench import set_threads
+
+        set_threads(threads)
+        quiet_libraries()
+        target, (draft_model,) = api.load(model, [draft], dtype, device)
+        ids = [api.encode_prompt(target, t, raw=raw, max_new_tokens=max_new_tokens) for t in texts]
+        sample = entropy_stats.collect_entropies(target, draft_model, ids, window=window,
+                                                 max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        report = entropy_stats.entropy_report(sample)
+        meta = {"model": model, "draft": draft, "window": window, "prompts": len(texts),
+                "max_new_tokens": max_new_tokens, "temperature": temperature}
+        if plot:
+            try:
+                entropy_stats.plot_histogram(sample, plot)
+            except OSError as err:
+                raise SpecdecError(f"cannot write --plot {plot}: {err.strerror or err}") from None
+        if as_json:
+            print(json.dumps({**meta, **report, "plot": plot}))
+        else:
+            render_table(report, meta)
             if plot:
-                try:
-                    entropy_stats.plot_histogram(sample, plot)
-                except OSError as err:
-                    raise SpecdecError(f"cannot write --plot {plot}: {err.strerror or err}") from None
-            if as_json:
-                print(json.dumps({**meta, **report, "plot": plot}))
-            else:
-                render_table(report, meta)
-                if plot:
-                    print(f"histogram written to {plot}")
+                print(f"histogram written to {plot}")

@@ -12,15 +12,16 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 
+from ..atomic import new_build_dir
 from ..errors import SpecdecError
 from . import format as fmt
 
 MAX_SHARD_BYTES = 2**31 - 1 - 2**20  # int32 suffix arrays; a little headroom
-DEFAULT_SHARD_BYTES = 128 * 10**6  # sorting a shard needs ~5x its size: this keeps a build near 1 GB of memory
+DEFAULT_SHARD_BYTES = 64 * 10**6  # sorting a shard needs ~6x its size: with the tokenizer workers a build stays near 1.5 GB
 
 
 def _shard_tokens(width: int, shard_bytes: int) -> int:
@@ -65,11 +66,11 @@ class ByteBuffer:
         self.documents += 1
 
     def array(self) -> np.ndarray:
-        """The bytes, writable and contiguous (the buffer's own memory when it is exactly full)."""
-        return self.data[: self.size] if self.size == self.data.size else self.data[: self.size].copy()
+        """The bytes: a writable, contiguous view of the buffer (no copy; untouched capacity costs no memory)."""
+        return self.data[: self.size]
 
 
-ALIGN_CHUNK = 1 << 24  # suffix-array entries filtered per pass (bounds the temporaries)
+ALIGN_CHUNK = 1 << 22  # suffix-array entries filtered per pass (bounds the temporaries)
 
 
 def aligned_suffixes(data: np.ndarray, width: int, documents: int | None = None) -> np.ndarray:
@@ -107,9 +108,9 @@ def _progress(iterable, desc: str, unit: str, enabled: bool, total=None):
     return tqdm(iterable, desc=desc, unit=unit, total=total, leave=False, dynamic_ncols=True)
 
 
-def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, tokenizer_fingerprint: str,
-                                 vocab_size: int, shard_bytes: int = MAX_SHARD_BYTES, progress: bool = True,
-                                 meta: dict | None = None) -> dict:
+def build_suffix_array_datastore(docs: Iterable, out: str | Path, *, fingerprint: str, vocab_size: int,
+                                 progress: bool = True, meta: dict | None = None, shard_bytes: int = MAX_SHARD_BYTES,
+                                 token_bar: bool = True) -> dict:
     """Write a datastore for token documents ``docs`` to ``out``; returns the manifest.
 
     ``meta`` (corpus, model, ...) is recorded in the manifest for humans; only the fingerprint is checked.
@@ -117,13 +118,14 @@ def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, 
     out = Path(out)
     width = fmt.token_width(vocab_size)
     max_tokens = _shard_tokens(width, min(shard_bytes, MAX_SHARD_BYTES))
-    tmp = fmt.new_build_dir(out)
+    tmp = new_build_dir(out)
     t0 = time.perf_counter()
     counter = {"tokens": 0, "documents": 0}
     try:
-        bar = _progress(None, "tokenizing", "tok", progress) if progress else None
+        bar = _progress(None, "tokenizing", "tok", progress) if progress and token_bar else None
         shards: list[dict] = []
-        buf = ByteBuffer(width)
+        capacity = (max_tokens + 1) * width  # reserved, not touched: pages cost memory only once written
+        buf = ByteBuffer(width, capacity)
         for doc in docs:
             counter["tokens"] += len(doc)
             counter["documents"] += 1
@@ -133,7 +135,7 @@ def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, 
                 piece = doc[start:start + max_tokens]
                 if buf.documents and buf.tokens() + len(piece) + 1 > max_tokens + 1:
                     shards.append(_write_shard(tmp, len(shards), buf, progress))
-                    buf = ByteBuffer(width)
+                    buf = ByteBuffer(width, capacity)
                 buf.add(piece)
         if buf.documents:
             shards.append(_write_shard(tmp, len(shards), buf, progress))
@@ -144,7 +146,7 @@ def build_suffix_array_datastore(docs: Iterable[list[int]], out: str | Path, *, 
         files = {name: fmt.file_entry(tmp / name) for shard in shards for name in (shard["data"], shard["sa"])}
         manifest = {
             "format": fmt.FORMAT, "kind": fmt.KIND, "format_version": fmt.FORMAT_VERSION,
-            "tokenizer_fingerprint": tokenizer_fingerprint, "vocab_size": int(vocab_size), "token_width": width,
+            "tokenizer_fingerprint": fingerprint, "vocab_size": int(vocab_size), "token_width": width,
             "separator": fmt.separator(width), "byte_order": "big", "num_tokens": counter["tokens"],
             "num_documents": counter["documents"], "num_suffixes": sum(s["suffixes"] for s in shards),
             "shards": shards, "files": files, "build_seconds": round(time.perf_counter() - t0, 3),

@@ -1,7 +1,7 @@
 """On-disk format of specdec datastores (see docs/datastore-format.md): token coding, manifest, checks.
 
 Both kinds -- REST's suffix arrays (``kind: "suffix-array"``) and ADED's tri-gram matrices (``kind: "trigram"``,
-see ``specdec_cli/trigram.py``) -- share one manifest layout (``format``, ``kind``, ``format_version``,
+see ``datastore/trigram.py``) -- share one manifest layout (``format``, ``kind``, ``format_version``,
 ``tokenizer_fingerprint``, ``vocab_size``, ``files`` with sizes and sha256s), written last, and one way of being
 built: into a temporary sibling directory that is renamed into place when complete.
 
@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import replace_dir
 from ..errors import SpecdecError
 
 FORMAT = "specdec-datastore"
@@ -83,25 +82,28 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     os.replace(tmp, folder / MANIFEST)
 
 
-def new_build_dir(out: Path) -> Path:
-    """An empty temporary sibling of ``out`` to build into (same file system, so the final rename is atomic)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a datastore is ordinary shared data
-    return tmp
+def check_out_dir(out: Path) -> None:
+    """Before a build: ``out`` may be new, an empty folder, or a specdec datastore (which the build replaces).
+    Anything else -- a file, a folder of other things, even one with a ``manifest.json`` -- is refused."""
+    out = Path(out)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise SpecdecError(f"--out {out} exists and is not a folder; refusing to replace it")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SpecdecError(f"--out {out} exists and is not a specdec datastore; refusing to replace it "
+                           "(choose a new or empty folder)")
 
 
 def move_into_place(tmp: Path, out: Path) -> None:
     """Replace ``out`` by the finished ``tmp``; an old datastore there is removed only now."""
     if out.exists():
-        if not (out / MANIFEST).exists() and any(out.iterdir()):
-            raise SpecdecError(f"--out {out} exists and is not a datastore; refusing to overwrite it")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+        check_out_dir(out)
+    replace_dir(tmp, out)
 
 
 def read_manifest(folder: Path, kind: str = KIND) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import SpecdecError
 from . import format as fmt, search
 
 
@@ -63,6 +64,11 @@ class SuffixArrayDatastore:
             fmt.check_tokenizer(folder, manifest, fingerprint)
         fmt.check_files(folder, manifest, verify=verify)
         shards = [Shard(_load_npy(folder, s["data"]), _load_npy(folder, s["sa"])) for s in manifest["shards"]]
+        for entry, shard in zip(manifest["shards"], shards):
+            problem = structure_problem(shard, int(manifest["token_width"]), int(manifest["vocab_size"]))
+            if problem:
+                raise SpecdecError(f"datastore {folder} is corrupt ({entry['data']}: {problem}); rebuild it, or check "
+                                   f"it with `specdec build-datastore --verify --out {folder}`")
         return cls(folder, manifest, shards)
 
     @property
@@ -100,6 +106,43 @@ class SuffixArrayDatastore:
         tokens = fmt.decode_tokens(np.asarray(shard.data)[offsets], w)
         live = np.cumprod(tokens != self.separator, axis=1).astype(bool)
         return np.where(live, tokens, -1)
+
+
+SAMPLE = 2048  # suffix-array entries and tokens checked when a shard is opened
+
+
+def structure_problem(shard: Shard, width: int, vocab_size: int) -> str | None:
+    """Cheap checks of one shard (a few thousand reads, whatever its size): what is wrong, or None.
+
+    Catches the corruption that keeps file sizes (and so passes the size check): the data must end with a
+    separator and hold token ids below the vocabulary size; suffix-array entries must be token-aligned offsets
+    inside the data, in sorted order.
+    """
+    data, sa = shard.data, shard.sa
+    if data.ndim != 1 or sa.ndim != 1 or data.dtype != np.uint8 or sa.dtype != np.int32:
+        return "unexpected array shapes or types"
+    if data.size < width or data.size % width:
+        return f"{data.size} data bytes is not a whole number of {width}-byte tokens"
+    separator = fmt.separator(width)
+    if int(fmt.decode_tokens(np.asarray(data[-width:]), width)[0]) != separator:
+        return "the data does not end with a document separator"
+    tokens = data.size // width
+    at = np.unique(np.linspace(0, tokens - 1, min(SAMPLE, tokens)).astype(np.int64)) * width
+    ids = fmt.decode_tokens(np.asarray(data)[at[:, None] + np.arange(width)[None, :]], width).reshape(-1)
+    if ((ids >= vocab_size) & (ids != separator)).any():
+        return "token ids outside the vocabulary"
+    if sa.size:
+        picks = np.unique(np.linspace(0, sa.size - 1, min(SAMPLE, sa.size)).astype(np.int64))
+        offsets = np.asarray(sa[picks], dtype=np.int64)
+        if (offsets < 0).any() or (offsets > data.size - width).any() or (offsets % width).any():
+            return "suffix-array entries outside the data"
+        at = offsets[:, None] + np.arange(8 * width)[None, :]
+        windows = np.asarray(data)[np.minimum(at, data.size - 1)].astype(np.int16)
+        windows[at >= data.size] = -1  # past the end sorts first, as a shorter suffix does
+        keys = [tuple(row) for row in windows.tolist()]
+        if any(a > b for a, b in zip(keys, keys[1:])):
+            return "the suffix array is not sorted"
+    return None
 
 
 def _spread(ranges: list[tuple[int, int]], limit: int) -> list[np.ndarray]:

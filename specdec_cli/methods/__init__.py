@@ -12,6 +12,17 @@ from ..decoding import Drafter
 from ..errors import SpecdecError
 
 
+@dataclass(frozen=True)
+class Option:
+    """One ``--opt key=value`` of a method: its default (``paper``: another default under ``--budget paper``;
+    ``None``: derived from other settings, as ``help`` says), the type values are parsed as, and what it does."""
+
+    default: object
+    help: str
+    type: type = int
+    paper: object = None
+
+
 @dataclass
 class MethodContext:
     target: object  # LoadedModel
@@ -20,16 +31,17 @@ class MethodContext:
     window: int | None = None  # draft window K (method default when None)
     options: dict[str, str] = field(default_factory=dict)  # --opt key=value, method-specific
     budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.budget)
+    method: str = ""  # set by build_drafter: whose registered options ``opt`` reads
 
-    def opt(self, key: str, default, cast=None):
-        """A method option with its default; ``cast`` defaults to the default's type."""
+    def opt(self, key: str):
+        """The value of a registered option of this method: ``--opt key=value`` parsed, else its default."""
+        spec = METHODS[self.method].options[key]
         if key not in self.options:
-            return default
-        cast = cast or type(default)
+            return spec.paper if self.budget == "paper" and spec.paper is not None else spec.default
         try:
-            return cast(self.options[key])
+            return spec.type(self.options[key])
         except ValueError:
-            raise SpecdecError(f"--opt {key}={self.options[key]!r}: expected {cast.__name__}") from None
+            raise SpecdecError(f"--opt {key}={self.options[key]!r}: expected {spec.type.__name__}") from None
 
 
 @dataclass(frozen=True)
@@ -38,19 +50,73 @@ class MethodInfo:
     drafts: int = 0  # draft models required
     datastore: bool = False  # needs --datastore
     help: str = ""
+    datastore_kind: str | None = None  # suffix-array (rest) or trigram (aded)
+    options: dict = field(default_factory=dict)  # name -> Option: the only place options and defaults are written
 
+
+INF = float("inf")
+VERIFY = Option(0, "1: also recompute every file's sha256 when loading (structure and sizes are always checked)")
+TAU0 = Option(INF, "initial entropy threshold; 0 = the paper's cold start, inf = learn from the first rejection",
+              float)
 
 METHODS: dict[str, MethodInfo] = {
     "ar": MethodInfo("ar", help="autoregressive decoding with the target alone (the baseline)"),
-    "sd": MethodInfo("sd", drafts=1, help="speculative sampling with a draft model and a fixed window K (default 5)"),
-    "self-verify": MethodInfo("self_verify", drafts=1,
+    "sd": MethodInfo("sd", drafts=1, help="speculative sampling with a draft model; chain length from the budget "
+                     "(K=5 with --budget paper)"),
+    "self-verify": MethodInfo("self_verify", drafts=1, options={"tau0": TAU0},
                               help="HSDDW Alg. 1: entropy-bounded dynamic draft window, running threshold tau (K cap 10)"),
-    "hsddw": MethodInfo("hsddw", drafts=2, help="HSDDW Alg. 2: fast draft -> stronger draft pre-verifies -> target"),
-    "rest": MethodInfo("rest", datastore=True, help="REST: suffix-array retrieval drafts verified as a token tree"),
-    "aded": MethodInfo("aded", datastore=True, help="ADED: tri-gram matrix + MCTS draft maker, adaptive updates"),
-    "ngram-trie": MethodInfo("ngram_trie", help="N-gram trie of the prompt context (n=13, L_p=3), tree verification"),
-    "pld": MethodInfo("pld", help="prompt lookup decoding: copy the continuation of the last n-gram match (chain)"),
+    "hsddw": MethodInfo("hsddw", drafts=2, help="HSDDW Alg. 2: fast draft -> stronger draft pre-verifies -> target",
+                        options={"tau0": TAU0,
+                                 "tau1_0": Option(None, "M1's initial threshold (default: tau0)", float),
+                                 "tau2_0": Option(None, "M2's initial threshold (default: tau0)", float),
+                                 "max_draft": Option(None, "cap on the chain sent to the target (default: 2 K)")}),
+    "rest": MethodInfo("rest", datastore=True, help="REST: suffix-array retrieval drafts verified as a token tree",
+                       datastore_kind="suffix-array",
+                       options={"n_max": Option(16, "longest context suffix looked up"),
+                                "cont_len": Option(10, "tokens of continuation per match"),
+                                "top_c": Option(64, "nodes kept from the frequency trie"),
+                                "max_matches": Option(1000, "matches sampled from the match range", paper=5000),
+                                "verify": VERIFY,
+                                "memory": Option(0, "1: also draft from this run's earlier verified outputs"),
+                                "memory_weight": Option(8, "count of a remembered continuation in the trie")}),
+    "aded": MethodInfo("aded", datastore=True, help="ADED: tri-gram matrix + MCTS draft maker, adaptive updates",
+                       datastore_kind="trigram",
+                       options={"iterations": Option(150, "MCTS iterations per step"),
+                                "c1": Option(32.0, "PUCT exploration constant c1", float),
+                                "c2": Option(8.0, "PUCT constant c2", float),
+                                "depth": Option(4, "search depth (--window sets it too)"),
+                                "candidates": Option(24, "candidate sequences merged into the tree"),
+                                "top_k": Option(None, "next tokens per context (default: the store's, 12)"),
+                                "adapt": Option(1, "0: no tri-gram updates from verified output"),
+                                "adapt_prompt": Option(1, "0: do not learn the prompt's tri-grams"),
+                                "increment": Option(0.1, "adaptive update step", float),
+                                "max_prob": Option(1.0, "cap on an adapted probability", float),
+                                "seed": Option(0, "MCTS random seed"),
+                                "save_adapted": Option("", "write the adapted matrix here at the end", str),
+                                "verify": VERIFY}),
+    "ngram-trie": MethodInfo("ngram_trie", help="N-gram trie of the prompt context (n=13, L_p=3), tree verification",
+                             options={"n": Option(13, "n-gram window size"),
+                                      "lp": Option(3, "prefix length L_p"),
+                                      "budget": Option(32, "the paper's node budget before the engine's selection"),
+                                      "max_depth": Option(None, "deepest draft node (default n - 1; --window too)"),
+                                      "grow": Option(1, "1: index the verified output as it is written", paper=0)}),
+    "pld": MethodInfo("pld", help="prompt lookup decoding: copy the continuation of the last n-gram match (chain)",
+                      options={"max_ngram": Option(3, "longest n-gram matched"),
+                               "min_ngram": Option(1, "shortest n-gram matched"),
+                               "num_pred": Option(10, "tokens copied (--window sets it too)")}),
 }
+
+
+def check_options(methods: list[str], given) -> None:
+    """Refuse ``--opt`` keys that none of ``methods`` takes (before anything loads), listing what they take."""
+    known = {key: name for name in methods if name in METHODS for key in METHODS[name].options}
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    listed = ", ".join(f"{k} ({METHODS[m].options[k].default})" for k, m in sorted(known.items())) or "none"
+    which = f"--method {methods[0]}" if len(methods) == 1 else f"methods {', '.join(methods)}"
+    raise SpecdecError(f"unknown --opt {', '.join(unknown)} for {which}; options (defaults): {listed} "
+                       "(see `specdec methods`)")
 
 
 def build_drafter(method: str, ctx: MethodContext) -> Drafter:
@@ -64,5 +130,19 @@ def build_drafter(method: str, ctx: MethodContext) -> Drafter:
     unknown_window = ctx.window is not None and ctx.window < 1
     if unknown_window:
         raise SpecdecError(f"--window must be >= 1, got {ctx.window}")
+    ctx.method = method
     module = importlib.import_module(f"{__name__}.{info.module}")
     return module.build(ctx)
+
+
+def precheck_datastore(method: str, datastore: str | None) -> None:
+    """Before any model loads: the method's ``--datastore`` exists, is of the right kind and is structurally
+    sound (the tokenizer check needs the model and comes later)."""
+    info = METHODS.get(method)
+    if info is None or not info.datastore:
+        return
+    if not datastore:
+        raise SpecdecError(f"--method {method} needs --datastore DIR (build one with `specdec build-datastore`)")
+    from ..datastore import KINDS
+
+    KINDS[info.datastore_kind].load(datastore)

@@ -6,10 +6,9 @@ prompt and then every verified output update the matrix (Algorithm 2) in an in-m
 memory-mapped store, so the drafts follow what this model actually writes. The overlay persists across the
 generations of one drafter and can be written out as a new store with :meth:`Aded.save_adapted`.
 
-Options (``--opt key=value``): iterations (150), c1 (32), c2 (8), depth (4), candidates (24), top_k (the
-store's, 12), adapt (1), adapt_prompt (1), increment (0.1), max_prob (1.0), seed (0), verify_checksums (1).
-``specdec generate --save-adapted PATH`` (or ``--opt save_adapted=PATH``) writes the adapted matrix once, after
-the last prompt.
+Options (``--opt key=value``, defaults in the registry ``specdec_cli.methods.METHODS``; ``specdec methods``
+lists them). ``specdec generate --save-adapted PATH`` (or ``--opt save_adapted=PATH``) writes the adapted matrix
+once, after the last prompt (:meth:`Aded.finish`).
 """
 
 from __future__ import annotations
@@ -17,18 +16,22 @@ from __future__ import annotations
 import random
 import time
 
+import numpy as np
+
 from ..decoding import Draft, Drafter, Outcome
 from ..mcts import MCTSConfig, run_mcts
 from ..trees import merge_paths
-from ..trigram import TrigramMatrix
+from ..datastore import TrigramMatrix
 
 
 class Aded(Drafter):
     name = "aded"
 
     def __init__(self, matrix: TrigramMatrix, cfg: MCTSConfig = MCTSConfig(), *, adapt: bool = True,
-                 adapt_prompt: bool = True, increment: float = 0.1, max_prob: float = 1.0, seed: int = 0):
+                 adapt_prompt: bool = True, increment: float = 0.1, max_prob: float = 1.0, seed: int = 0,
+                 save_path: str = ""):
         self.matrix, self.mcts = matrix, cfg
+        self.save_path = save_path
         self.adapt, self.adapt_prompt = adapt, adapt_prompt
         self.increment, self.max_prob = increment, max_prob
         self.seed = seed
@@ -67,14 +70,20 @@ class Aded(Drafter):
         return draft
 
     def node_probs(self, draft: Draft, prev: int, root: int) -> list[float]:
-        """Each node's tri-gram probability given its two predecessors: the matrix's own acceptance estimate."""
-        context = {-1: (prev, root)}
-        out = []
-        for i, (tok, parent) in enumerate(zip(draft.tokens, draft.parents)):
-            a, b = context[parent]
-            out.append(self.matrix.prob(a, b, tok))
-            context[i] = (b, tok)
-        return out
+        """Each node's tri-gram probability given its two predecessors: the matrix's own acceptance estimate
+        (all nodes' rows gathered at once)."""
+        n = len(draft.tokens)
+        if not n:
+            return []
+        a, b = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        for i, parent in enumerate(draft.parents):
+            a[i], b[i] = (prev, root) if parent < 0 else (b[parent], draft.tokens[parent])
+        offsets, ids, probs = self.matrix.gather(a * self.matrix.vocab_size + b)
+        row = np.repeat(np.arange(n), np.diff(offsets))
+        hit = ids == np.asarray(draft.tokens, dtype=np.int64)[row]
+        out = np.zeros(n)
+        out[row[hit]] = probs[hit]
+        return out.tolist()
 
     def accept(self, tokens: list[int], outcome: Outcome) -> None:
         """Algorithm 2 over the tri-grams that end in this step's new tokens (each tri-gram counted once)."""
@@ -86,6 +95,10 @@ class Aded(Drafter):
         """Write base + adapted rows as a new tri-gram store (same format, loadable with ``--datastore``)."""
         return self.matrix.save(path)
 
+    def finish(self) -> None:
+        if self.save_path:
+            self.save_adapted(self.save_path)
+
     def stats(self) -> dict:
         steps = max(self.searches, 1)
         return {"mcts_s": self.mcts_s, "mcts_ms_per_step": 1000 * self.mcts_s / steps,
@@ -94,10 +107,11 @@ class Aded(Drafter):
 
 
 def build(ctx) -> Drafter:
-    matrix = TrigramMatrix.load(ctx.datastore, ctx.target.fingerprint,
-                                verify_checksums=bool(ctx.opt("verify_checksums", 1)))
-    matrix.top_k = ctx.opt("top_k", matrix.top_k)
-    cfg = MCTSConfig(iterations=ctx.opt("iterations", 150), c1=ctx.opt("c1", 32.0), c2=ctx.opt("c2", 8.0),
-                     depth=ctx.opt("depth", ctx.window or 4), candidates=ctx.opt("candidates", 24))
-    return Aded(matrix, cfg, adapt=bool(ctx.opt("adapt", 1)), adapt_prompt=bool(ctx.opt("adapt_prompt", 1)),
-                increment=ctx.opt("increment", 0.1), max_prob=ctx.opt("max_prob", 1.0), seed=ctx.opt("seed", 0))
+    matrix = TrigramMatrix.load(ctx.datastore, ctx.target.fingerprint, verify=bool(ctx.opt("verify")))
+    matrix.top_k = ctx.opt("top_k") or matrix.top_k
+    depth = ctx.opt("depth") if "depth" in ctx.options or not ctx.window else ctx.window
+    cfg = MCTSConfig(iterations=ctx.opt("iterations"), c1=ctx.opt("c1"), c2=ctx.opt("c2"), depth=depth,
+                     candidates=ctx.opt("candidates"))
+    return Aded(matrix, cfg, adapt=bool(ctx.opt("adapt")), adapt_prompt=bool(ctx.opt("adapt_prompt")),
+                increment=ctx.opt("increment"), max_prob=ctx.opt("max_prob"), seed=ctx.opt("seed"),
+                save_path=ctx.opt("save_adapted"))

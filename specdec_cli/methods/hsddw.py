@@ -30,9 +30,10 @@ import torch
 
 from ..decoding import Draft, Drafter, Outcome
 from ..draft_model import DraftModel, confidence, confidence_entropy, draft_chain
+from ..entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
+from ..metrics import ratio
 from ..sampling import logits_to_probs
 from ..verify import verify_rejection
-from .self_verify import DEFAULT_WINDOW, EntropyThreshold, json_tau, ratio, rejected_index, window_summary
 
 
 class Hsddw(Drafter):
@@ -147,7 +148,8 @@ class Hsddw(Drafter):
 def build(ctx) -> Drafter:
     vocab = ctx.target.vocab_size
     window = ctx.window or DEFAULT_WINDOW
-    tau0 = ctx.opt("tau0", math.inf, float)
+    tau0 = ctx.opt("tau0")
+    tau1, tau2, cap = ctx.opt("tau1_0"), ctx.opt("tau2_0"), ctx.opt("max_draft")
     profiled = ctx.budget == "auto"
     return Hsddw(DraftModel(ctx.drafts[0], vocab, profiled), DraftModel(ctx.drafts[1], vocab, profiled), window,
-                 ctx.opt("max_draft", 2 * window, int), ctx.opt("tau1_0", tau0, float), ctx.opt("tau2_0", tau0, float))
+                 cap or 2 * window, tau0 if tau1 is None else tau1, tau0 if tau2 is None else tau2)

@@ -15,8 +15,8 @@ Beyond the paper, the verified output is added to the trie as it is generated (`
 ``--budget paper`` or ``--opt grow=0``), so the drafter also copies from what it wrote, as prompt lookup does;
 and a match shorter than ``L_p`` tokens halves its nodes' scores per missing token (a weaker bet for the budget).
 
-Options: n (13), lp (3), budget (32: the paper's node budget before the engine's selection), window (-> max draft
-depth, default n - 1), grow (1).
+Options (n, lp, budget, max_depth, grow) and their defaults: the registry ``specdec_cli.methods.METHODS``
+(``specdec methods``); ``--window`` sets the deepest draft node too.
 """
 
 from __future__ import annotations
@@ -160,6 +160,5 @@ def count_nodes(root: TrieNode) -> int:
 
 
 def build(ctx) -> Drafter:
-    n, lp = ctx.opt("n", 13), ctx.opt("lp", 3)
-    return NGramTrie(n, lp, ctx.opt("budget", 32), ctx.window or ctx.opt("max_depth", n - 1),
-                     bool(ctx.opt("grow", 0 if ctx.budget == "paper" else 1)))
+    n, lp = ctx.opt("n"), ctx.opt("lp")
+    return NGramTrie(n, lp, ctx.opt("budget"), ctx.window or ctx.opt("max_depth") or n - 1, bool(ctx.opt("grow")))

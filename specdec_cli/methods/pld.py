@@ -4,7 +4,7 @@ Take the last ``max_ngram`` tokens of the sequence (prompt + output); find their
 ``num_pred`` tokens that followed it are the draft chain. No match: try one token shorter, down to
 ``min_ngram``. No match at all: an empty draft (a plain autoregressive step).
 
-Options: max_ngram (3), min_ngram (1), num_pred (10; ``--window`` sets it too).
+Options (max_ngram, min_ngram, num_pred -- ``--window`` sets it too): see ``specdec methods``.
 """
 
 from __future__ import annotations
@@ -113,5 +113,5 @@ class PromptLookup(Drafter):
 
 
 def build(ctx) -> Drafter:
-    return PromptLookup(ctx.opt("max_ngram", 3), ctx.window or ctx.opt("num_pred", 10), ctx.opt("min_ngram", 1),
+    return PromptLookup(ctx.opt("max_ngram"), ctx.window or ctx.opt("num_pred"), ctx.opt("min_ngram"),
                         getattr(ctx.target, "stop_ids", frozenset()))

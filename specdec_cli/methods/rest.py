@@ -3,10 +3,9 @@
 Each step retrieves continuations of the longest matching suffix of the sequence (``n_max`` tokens down to 1),
 builds a frequency trie of their prefixes and proposes its ``top_c`` most frequent nodes as a token tree. The
 engine verifies the tree exactly (greedy: the argmax path; sampling: the target's own draw at each node), so the
-output is the target's. Options (``--opt key=value``): ``n_max`` (16), ``cont_len`` (10), ``top_c`` (64),
-``max_matches`` (5000 with ``--budget paper``, else 1000), ``verify`` (0: also recompute the datastore's checksums
-when loading), ``memory`` (0; 1: also draft from this drafter's earlier verified outputs, ``specdec_cli.memory``,
-counted ``memory_weight`` = 8 times each).
+output is the target's. Options (``n_max``, ``cont_len``, ``top_c``, ``max_matches``, ``verify``, ``memory``:
+drafts also from this drafter's earlier verified outputs, ``specdec_cli.memory``) and their defaults are
+declared once, in the registry ``specdec_cli.methods.METHODS`` (``specdec methods`` lists them).
 """
 
 from __future__ import annotations
@@ -92,12 +91,9 @@ class RestDrafter(Drafter):
 
 
 def build(ctx) -> Drafter:
-    store = SuffixArrayDatastore.load(ctx.datastore, fingerprint=ctx.target.fingerprint,
-                                      verify=bool(ctx.opt("verify", 0)))
-    # REST samples up to 5,000 matches; with the budget choosing a few nodes, 1,000 give the same top counts at a
-    # fifth of the cost (docs/rest.md)
-    matches = 5000 if ctx.budget == "paper" else 1000
-    memory = OutputMemory() if ctx.opt("memory", 0) else None
-    return RestDrafter(store, n_max=ctx.opt("n_max", 16), cont_len=ctx.opt("cont_len", 10),
-                       top_c=ctx.opt("top_c", 64), max_matches=ctx.opt("max_matches", matches), memory=memory,
-                       memory_weight=ctx.opt("memory_weight", 8))
+    store = SuffixArrayDatastore.load(ctx.datastore, fingerprint=ctx.target.fingerprint, verify=bool(ctx.opt("verify")))
+    # REST samples up to 5,000 matches (the --budget paper default); with the budget choosing a few nodes, 1,000
+    # give the same top counts at a fifth of the cost (docs/rest.md)
+    memory = OutputMemory() if ctx.opt("memory") else None
+    return RestDrafter(store, n_max=ctx.opt("n_max"), cont_len=ctx.opt("cont_len"), top_c=ctx.opt("top_c"),
+                       max_matches=ctx.opt("max_matches"), memory=memory, memory_weight=ctx.opt("memory_weight"))

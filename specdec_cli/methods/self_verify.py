@@ -17,55 +17,10 @@ counts). See docs/hsddw.md.
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from ..decoding import Draft, Drafter, Outcome
 from ..draft_model import DraftModel, draft_chain
-
-DEFAULT_WINDOW = 10
-
-
-def rejected_index(outcome: Outcome) -> int | None:
-    """Index of the draft token the target rejected, or None when the whole chain was accepted."""
-    n = len(outcome.path)
-    return n if n < len(outcome.draft) else None
-
-
-class EntropyThreshold:
-    """``tau``: ``tau0`` until the first rejection, then the mean entropy of all rejected tokens so far."""
-
-    def __init__(self, tau0: float = math.inf):
-        self.tau0 = tau0
-        self.rejected: list[float] = []
-
-    @property
-    def value(self) -> float:
-        return sum(self.rejected) / len(self.rejected) if self.rejected else self.tau0
-
-    def reject(self, h: float) -> None:
-        self.rejected.append(h)
-
-
-def window_summary(sizes: list[int]) -> dict:
-    """Histogram-ready summary of per-step window sizes (paper Figure 8 / Table 4)."""
-    if not sizes:
-        return {"steps": 0, "mean": None, "min": None, "max": None, "histogram": {}}
-    return {
-        "steps": len(sizes),
-        "mean": sum(sizes) / len(sizes),
-        "min": min(sizes),
-        "max": max(sizes),
-        "histogram": {str(k): v for k, v in sorted(Counter(sizes).items())},
-    }
-
-
-def ratio(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
-def json_tau(tau: float) -> float | None:
-    """``tau`` for JSON output: ``None`` while it is still the infinite default (no rejection yet)."""
-    return tau if math.isfinite(tau) else None
+from ..entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
 
 
 class SelfVerify(Drafter):
@@ -110,4 +65,4 @@ class SelfVerify(Drafter):
 
 def build(ctx) -> Drafter:
     dm = DraftModel(ctx.drafts[0], ctx.target.vocab_size, profiled=ctx.budget == "auto")
-    return SelfVerify(dm, ctx.window or DEFAULT_WINDOW, ctx.opt("tau0", math.inf, float))
+    return SelfVerify(dm, ctx.window or DEFAULT_WINDOW, ctx.opt("tau0"))

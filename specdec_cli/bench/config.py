@@ -1,0 +1,81 @@
+"""Benchmark configuration, one timed generation, and the method list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import api
+from ..errors import SpecdecError
+
+HF_BASELINES = {
+    "hf": "transformers generate(), greedy",
+    "hf-assisted": "transformers generate(assistant_model=first --draft)",
+    "hf-pld": "transformers generate(prompt_lookup_num_tokens=10)",
+}
+HF_PLD_TOKENS = 10
+WARMUP_TOKENS = 8
+RECORD_SCHEMA = "specdec-bench/1"
+REGRESSION_EXIT_CODE = 3
+
+
+@dataclass
+class BenchConfig:
+    model: str = "smollm2-135m"
+    drafts: list[str] = field(default_factory=list)
+    methods: list[str] = field(default_factory=lambda: ["ar"])
+    prompts: str = "mt-bench"
+    limit: int | None = None
+    offset: int = 0
+    category: str | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    warmup: bool = True
+    dtype: str = "auto"
+    device: str = "auto"
+    datastore: list[str] = field(default_factory=list)  # DIR (every method) or METHOD=DIR, e.g. rest=ds/sa
+    window: int | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    threads: int | None = None  # torch.set_num_threads; 1 is far steadier on a busy CPU
+    budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.budget)
+    kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """One timed generation of one turn of one prompt by one method.
+
+    ``forwards``/``emitted`` count target forwards and tokens they produced (stop token included); ``drafted``,
+    ``accepted`` and ``draft_s`` are None where a method cannot report them (transformers' generate).
+    """
+
+    method: str
+    prompt_id: str
+    turn: int
+    tokens: list[int]
+    seconds: float
+    forwards: int | None = None
+    emitted: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    draft_s: float | None = None
+
+
+Runner = Callable[[list[int], int], Generation]
+
+
+def method_list(methods: list[str]) -> list[str]:
+    """Validated method names, ``ar`` first (added when missing: speedups and the identity check need it)."""
+    names = [m.strip() for m in methods if m.strip()]
+    for name in names:
+        if name not in api.METHODS and name not in HF_BASELINES:
+            raise SpecdecError(f"unknown method {name!r}; choose from {', '.join([*api.METHODS, *HF_BASELINES])}")
+    names = list(dict.fromkeys(names))
+    return names if names[:1] == ["ar"] else ["ar"] + [n for n in names if n != "ar"]
+
+

@@ -1,0 +1,78 @@
+"""Metrics of a method over a prompt set, from per-generation counts (definitions in docs/bench.md)."""
+
+from __future__ import annotations
+
+from .. import metrics
+from ..metrics import ratio
+from .config import Generation
+
+# --- metrics ----------------------------------------------------------------------------------------------------
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length when one is a prefix of the other); None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def total(gens: list[Generation], attr: str) -> float | None:
+    """Sum of ``attr`` over generations; None when any generation cannot report it."""
+    values = [getattr(g, attr) for g in gens]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def identity_check(gens: list[Generation], reference: dict[tuple[str, int], list[int]]) -> dict:
+    mismatches = []
+    for g in gens:
+        div = first_divergence(g.tokens, reference[(g.prompt_id, g.turn)])
+        if div is not None:
+            mismatches.append({"prompt_id": g.prompt_id, "turn": g.turn, "first_divergence": div})
+    return {"lossless": not mismatches, "identical": len(gens) - len(mismatches), "mismatches": mismatches}
+
+
+def per_prompt_entry(g: Generation) -> dict:
+    """One generation's raw counts: enough to re-aggregate records of several runs (``merge_records``)."""
+    return {"prompt_id": g.prompt_id, "turn": g.turn, "new_tokens": len(g.tokens), "seconds": round(g.seconds, 6),
+            "forwards": g.forwards, "emitted": g.emitted, "drafted": g.drafted, "accepted": g.accepted,
+            "draft_s": None if g.draft_s is None else round(g.draft_s, 6)}
+
+
+def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float | None,
+                     reference: dict | None) -> dict:
+    """Aggregate metrics of one method over the prompt set (definitions in docs/bench.md)."""
+    tokens = sum(len(g.tokens) for g in gens)
+    seconds = sum(g.seconds for g in gens)
+    forwards, emitted = total(gens, "forwards"), total(gens, "emitted")
+    drafted, accepted, draft_s = total(gens, "drafted"), total(gens, "accepted"), total(gens, "draft_s")
+    tokens_per_s = ratio(tokens, seconds) or 0.0
+    row = {
+        "method": method,
+        "generations": len(gens),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens_per_s,
+        "mean_token_ms": 1000 * seconds / tokens if tokens else None,
+        "speedup": ratio(tokens_per_s, ar_tokens_per_s),
+        "mean_accepted_length": metrics.mean_accepted_length(emitted, forwards),
+        "sigma": metrics.sigma(accepted, drafted),
+        "eta": metrics.eta(forwards, emitted),
+        "draft_ms_per_step": 1000 * draft_s / forwards if draft_s is not None and forwards else None,
+        "lossless": None,
+        "identical": None,
+        "mismatches": [],
+        "per_prompt": [per_prompt_entry(g) for g in gens],
+    }
+    if reference is not None:
+        row.update(identity_check(gens, reference))
+    return row
+
+
+def summarize(generations: list[Generation], methods: list[str], greedy: bool) -> list[dict]:
+    by_method = {m: [g for g in generations if g.method == m] for m in methods}
+    ar = by_method["ar"]
+    ar_tps = ratio(sum(len(g.tokens) for g in ar), sum(g.seconds for g in ar))
+    reference = {(g.prompt_id, g.turn): g.tokens for g in ar} if greedy else None
+    return [summarize_method(m, by_method[m], ar_tps, reference) for m in methods]
+
+

@@ -1,0 +1,210 @@
+"""The JSONL record: machine and git info, merging shards, history and ``--compare``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecdecError
+from ..jsonl import iter_jsonl
+from ..prompts import Prompt
+from .config import RECORD_SCHEMA, BenchConfig, Generation
+from .metrics import ratio, summarize_method
+
+# --- the record -------------------------------------------------------------------------------------------------
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_name() -> str | None:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu_name(),
+        "torch": torch.__version__,
+        "transformers": package_version("transformers"),
+        "specdec": package_version("specdec"),
+    }
+
+
+def git_commit() -> str | None:
+    """HEAD of the git checkout holding this package, or None (installed from a wheel, no git, ...)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and len(commit) == 40 else None
+
+
+def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], device: str) -> dict:
+    return {
+        "schema": RECORD_SCHEMA,
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {**machine_info(), "device": device},
+        "git_commit": git_commit(),
+        "config": asdict(cfg),
+        "prompt_set": cfg.prompts,
+        "num_prompts": len(prompts),
+        "identity_checked": cfg.greedy,
+        "note": None if cfg.greedy else "temperature > 0: sampled outputs differ by design; identity check skipped",
+        "results": results,
+    }
+
+
+# --- merging shards: several runs of one configuration over disjoint prompts ----------------------------------
+
+MERGE_CONFIG_KEYS = ("model", "drafts", "methods", "prompts", "category", "max_new_tokens", "temperature", "dtype",
+                     "device", "datastore", "window", "options", "threads", "budget", "kernels")
+MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformers")
+
+
+def generations_of(result: dict) -> list[Generation]:
+    """Generations rebuilt from a result's ``per_prompt`` counts (token values are not stored, only how many)."""
+    return [Generation(result["method"], p["prompt_id"], p["turn"], [0] * p["new_tokens"], p["seconds"],
+                       p.get("forwards"), p.get("emitted"), p.get("drafted"), p.get("accepted"), p.get("draft_s"))
+            for p in result["per_prompt"]]
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One record for several shards of a run (``--offset``/``--limit``): same configuration and machine, disjoint
+    prompts. Every metric is recomputed from the per-generation counts, speedups against the pooled ``ar``."""
+    if len(records) < 2:
+        raise SpecdecError("bench-merge needs at least two records")
+    for rec in records:
+        results = rec.get("results") if isinstance(rec, dict) else None
+        if not results or rec.get("schema") != RECORD_SCHEMA or not all("per_prompt" in r for r in results) \
+                or not any(r.get("method") == "ar" for r in results):
+            raise SpecdecError(f"not a {RECORD_SCHEMA} record with an ar result: {str(rec)[:60]}...")
+    base = records[0]
+    for rec in records[1:]:
+        diff = [k for k in MERGE_CONFIG_KEYS if rec["config"].get(k) != base["config"].get(k)]
+        diff += [f"machine {k}" for k in MERGE_MACHINE_KEYS if rec["machine"].get(k) != base["machine"].get(k)]
+        if diff:
+            raise SpecdecError(f"cannot merge records that differ in {', '.join(diff)}")
+    methods = base["config"]["methods"]
+    seen: set[tuple[str, int]] = set()
+    for rec in records:
+        ar = next(r for r in rec["results"] if r["method"] == "ar")
+        keys = {(p["prompt_id"], p["turn"]) for p in ar["per_prompt"]}
+        if keys & seen:
+            raise SpecdecError(f"records overlap in prompts, e.g. {sorted(keys & seen)[0][0]}; merge disjoint shards")
+        seen |= keys
+    rows = {m: [r for rec in records for r in rec["results"] if r["method"] == m] for m in methods}
+    ar_gens = [g for row in rows["ar"] for g in generations_of(row)]
+    ar_tps = ratio(sum(len(g.tokens) for g in ar_gens), sum(g.seconds for g in ar_gens))
+    results = []
+    for method in methods:
+        merged = summarize_method(method, [g for row in rows[method] for g in generations_of(row)], ar_tps, None)
+        checked = [row for row in rows[method] if row.get("lossless") is not None]
+        if checked and len(checked) == len(rows[method]):
+            merged.update(lossless=all(row["lossless"] for row in checked),
+                          identical=sum(row["identical"] for row in checked),
+                          mismatches=[m for row in checked for m in row["mismatches"]])
+        results.append(merged)
+    return {**base, "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "config": {**base["config"], "offset": None, "limit": None},
+            "num_prompts": sum(rec["num_prompts"] for rec in records), "results": results,
+            "merged_from": [{"timestamp": rec["timestamp"], "offset": rec["config"].get("offset"),
+                             "limit": rec["config"].get("limit"), "git_commit": rec.get("git_commit")}
+                            for rec in records]}
+
+
+# --- history: --out and --compare --------------------------------------------------------------------------------
+
+
+def append_record(path: str, record: dict) -> None:
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+    except OSError as err:
+        raise SpecdecError(f"cannot write --out {path}: {err.strerror or err}") from None
+
+
+def read_records(path: str, what: str = "--compare") -> list[dict]:
+    """The JSON objects of a JSONL file, one per line; anything else is a clear error."""
+    return list(iter_jsonl(path, what))
+
+
+def check_out_file(path: str) -> None:
+    """Before a run: ``--out`` can be appended to, and what it holds already is bench records."""
+    target = Path(path)
+    if target.is_dir():
+        raise SpecdecError(f"--out {path} is a directory")
+    if target.exists() and target.stat().st_size:
+        read_records(path, "--out")
+    try:
+        with open(target, "a", encoding="utf-8"):
+            pass
+    except OSError as err:
+        raise SpecdecError(f"cannot write --out {path}: {err.strerror or err}") from None
+
+
+def latest_result(records: list[dict], model: str, prompt_set: str, method: str) -> dict | None:
+    """The method's result in the newest record (by file order) with the same model and prompt set."""
+    for record in reversed(records):
+        if record.get("config", {}).get("model") != model or record.get("prompt_set") != prompt_set:
+            continue
+        for result in record.get("results", []):
+            if result.get("method") == method:
+                return result
+    return None
+
+
+def compare(record: dict, old_records: list[dict], tolerance: float) -> list[dict]:
+    """One finding per method: ``regression`` when the speedup fell by more than ``tolerance`` (a fraction) or the
+    greedy output is no longer identical to ``ar``'s; ``ok``; or ``new`` when there is nothing to compare with."""
+    findings = []
+    model, prompt_set = record["config"]["model"], record["prompt_set"]
+    for result in record["results"]:
+        old = latest_result(old_records, model, prompt_set, result["method"])
+        new_speedup = result.get("speedup")
+        old_speedup = old.get("speedup") if old else None
+        change = ratio(new_speedup, old_speedup)
+        reasons = []
+        if result.get("lossless") is False:
+            reasons.append("output differs from ar")
+        if change is not None and change < 1 - tolerance:
+            reasons.append(f"speedup {old_speedup:.2f} -> {new_speedup:.2f} ({(change - 1) * 100:+.0f}%)")
+        status = "regression" if reasons else ("new" if old is None else "ok")
+        findings.append({"method": result["method"], "old_speedup": old_speedup, "new_speedup": new_speedup,
+                         "change": None if change is None else change - 1, "status": status, "reasons": reasons})
+    return findings
+
+
+def has_regression(findings: list[dict]) -> bool:
+    return any(f["status"] == "regression" for f in findings)
+
+

@@ -1,0 +1,110 @@
+"""Tables and plots of a record."""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import SpecdecError
+
+# --- output -----------------------------------------------------------------------------------------------------
+
+COLUMNS = ["method", "tok/s", "ms/tok", "speedup", "acc.len", "sigma", "eta", "draft ms/step", "lossless"]
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def lossless_cell(result: dict) -> str:
+    if result["lossless"] is None:
+        return "n/a (sampled)"
+    n = result["generations"]
+    if result["lossless"]:
+        return f"yes {n}/{n}"
+    first = result["mismatches"][0]
+    return f"NO {result['identical']}/{n} (first: {first['prompt_id']} t{first['turn']} @{first['first_divergence']})"
+
+
+def table_rows(record: dict) -> list[list[str]]:
+    return [[r["method"], fmt(r["tokens_per_s"], ".1f"), fmt(r["mean_token_ms"], ".2f"), fmt(r["speedup"], ".2f") + "x",
+             fmt(r["mean_accepted_length"], ".2f"), fmt(r["sigma"], ".2f"), fmt(r["eta"], ".2f"),
+             fmt(r["draft_ms_per_step"], ".2f"), lossless_cell(r)] for r in record["results"]]
+
+
+def title(record: dict) -> str:
+    cfg = record["config"]
+    return (f"{cfg['model']} | {record['prompt_set']} ({record['num_prompts']} prompts) | "
+            f"max_new_tokens={cfg['max_new_tokens']} | {'greedy' if cfg['temperature'] == 0 else 'T=' + str(cfg['temperature'])}"
+            f" | {record['machine']['device']}")
+
+
+def plain_table(record: dict) -> str:
+    """Aligned plain text (for pipes, logs and cron mail)."""
+    rows = [COLUMNS] + table_rows(record)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = [title(record)] + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if record.get("note"):
+        lines.append(f"note: {record['note']}")
+    return "\n".join(lines)
+
+
+def print_table(record: dict, terminal: bool, file=None) -> None:
+    """A rich table on a terminal, plain aligned text otherwise."""
+    file = file or sys.stdout
+    if not terminal:
+        print(plain_table(record), file=file)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from rich import box
+
+    rows = table_rows(record)
+    table = Table(title=title(record), box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, col in enumerate(COLUMNS):
+        # headers may wrap at spaces; cells never get cut
+        width = max([len(row[i]) for row in rows] + [len(word) for word in col.split()])
+        table.add_column(col, justify="left" if i in (0, len(COLUMNS) - 1) else "right", min_width=width)
+    for row in rows:
+        style = "red" if row[-1].startswith("NO") else None
+        table.add_row(*row, style=style)
+    console = Console(file=file, force_terminal=True)
+    console.print(table)
+    if record.get("note"):
+        console.print(f"note: {record['note']}")
+
+
+def comparison_text(findings: list[dict], tolerance: float) -> str:
+    lines = [f"compare (tolerance {tolerance:.0%}):"]
+    for f in findings:
+        detail = "; ".join(f["reasons"]) or (
+            "no earlier record" if f["status"] == "new" else
+            f"speedup {fmt(f['old_speedup'], '.2f')} -> {fmt(f['new_speedup'], '.2f')}")
+        lines.append(f"  {f['method']:<12} {f['status'].upper():<10} {detail}")
+    return "\n".join(lines)
+
+
+def plot_speedups(record: dict, path: str) -> None:
+    """A PNG bar chart of speedups vs ar (matplotlib's Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [r["method"] for r in record["results"]]
+    speedups = [r["speedup"] or 0.0 for r in record["results"]]
+    colors = ["#999999" if m == "ar" else ("#d62728" if r["lossless"] is False else "#1f77b4")
+              for m, r in zip(methods, record["results"])]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(methods) + 1), 3.6))
+    bars = ax.bar(methods, speedups, color=colors)
+    ax.bar_label(bars, labels=[f"{s:.2f}x" for s in speedups], fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("speedup vs ar (tokens/s ratio)")
+    ax.set_title(title(record), fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png", dpi=120)
+    except OSError as err:
+        raise SpecdecError(f"cannot write --plot {path}: {err.strerror or err}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,245 @@
+"""Runners (ours and transformers' baselines) and the interleaved run that times them."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from .. import api
+from ..errors import SpecdecError
+from ..methods import check_options
+from ..prompts import Prompt, load_prompts
+from .config import HF_BASELINES, HF_PLD_TOKENS, WARMUP_TOKENS, BenchConfig, Generation, Runner, method_list
+from .metrics import summarize
+from .records import make_record
+
+# --- runners ----------------------------------------------------------------------------------------------------
+
+
+def datastore_for(method: str, specs: list[str] | str | None) -> str | None:
+    """The datastore directory for ``method`` from ``--datastore`` values: ``METHOD=DIR`` wins over a bare DIR."""
+    specs = [specs] if isinstance(specs, str) else list(specs or [])
+    bare = [s for s in specs if "=" not in s or s.split("=", 1)[0] not in api.METHODS]
+    named = dict(s.split("=", 1) for s in specs if s not in bare)
+    if len(bare) > 1:
+        raise SpecdecError(f"several --datastore directories without a method name: {', '.join(bare)}; "
+                           "write METHOD=DIR, e.g. --datastore rest=DIR --datastore aded=DIR")
+    return named.get(method, bare[0] if bare else None)
+
+
+def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
+    """A runner for one of our methods; the drafter is built once and reused, as ``specdec generate`` does."""
+    try:
+        drafter = api.make_drafter(method, target, drafts, datastore=datastore_for(method, cfg.datastore),
+                                   window=cfg.window, options=cfg.options, budget=cfg.budget, check=False)
+    except ModuleNotFoundError as err:
+        raise SpecdecError(f"method {method!r} is not available in this installation ({err})") from None
+    sampling = api.SamplingConfig(temperature=cfg.temperature)
+
+    def run(ids: list[int], max_new_tokens: int) -> Generation:
+        result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling, seed=cfg.seed)
+        steps = result.steps
+        return Generation(method, "", 0, list(result.tokens), result.total_s, forwards=len(steps),
+                          emitted=sum(s.new_tokens for s in steps), drafted=sum(s.drafted for s in steps),
+                          accepted=sum(s.accepted for s in steps), draft_s=sum(s.draft_s for s in steps))
+
+    return run
+
+
+def cut_at_stop(tokens: list[int], stop_ids) -> list[int]:
+    """transformers keeps the stop token in its output; our loop does not -- compare like with like."""
+    for i, tok in enumerate(tokens):
+        if tok in stop_ids:
+            return tokens[:i]
+    return tokens
+
+
+class ForwardCounter:
+    """Counts forward calls of a module (a pre-hook: no effect on the computation, negligible cost)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.calls = 0
+        self.handle = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args) -> None:
+        self.calls += 1
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def hf_kwargs(method: str, target, drafts, cfg: BenchConfig) -> dict:
+    """``generate`` arguments matching our loop: same budget, stop ids and sampling; no minimum length."""
+    stop = sorted(target.stop_ids)
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    kwargs: dict = dict(eos_token_id=stop or None, pad_token_id=pad if pad is not None else (stop or [0])[0],
+                        do_sample=not cfg.greedy, min_new_tokens=0)
+    if cfg.greedy:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(temperature=cfg.temperature, top_p=1.0, top_k=0)
+    if method == "hf-assisted":
+        if not drafts:
+            raise SpecdecError("method hf-assisted needs a draft model (--draft)")
+        kwargs["assistant_model"] = drafts[0].model
+    elif method == "hf-pld":
+        kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
+    return kwargs
+
+
+def hf_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
+    """transformers' own ``generate`` as a baseline, timed around the whole call (prefill included, like ours)."""
+    model = target.model
+    kwargs = hf_kwargs(method, target, drafts, cfg)
+
+    def run(ids: list[int], max_new_tokens: int) -> Generation:
+        input_ids = torch.tensor([ids], device=model.device)
+        counter = ForwardCounter(model)
+        torch.manual_seed(cfg.seed)
+        try:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                     max_new_tokens=max_new_tokens, **kwargs)
+            seconds = time.perf_counter() - t0
+        finally:
+            counter.close()
+        produced = [int(t) for t in out[0, len(ids):].tolist()]
+        tokens = cut_at_stop(produced, target.stop_ids)
+        return Generation(method, "", 0, tokens, seconds, forwards=counter.calls, emitted=len(produced))
+
+    return run
+
+
+def make_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
+    if method in HF_BASELINES:
+        return hf_runner(method, target, drafts, cfg)
+    return specdec_runner(method, target, drafts, cfg)
+
+
+# --- the run ----------------------------------------------------------------------------------------------------
+
+
+def encode_turn(target, prompt: Prompt, turn: int, answers: list[str], max_new_tokens: int) -> list[int]:
+    """Token ids for turn ``turn`` of ``prompt``: later turns carry the earlier turns and this method's answers."""
+    if prompt.raw:
+        text = "".join(t + a + "\n\n" for t, a in zip(prompt.turns[:turn], answers)) + prompt.turns[turn]
+        return api.encode_prompt(target, text, raw=True, max_new_tokens=max_new_tokens)
+    history = []
+    for question, answer in zip(prompt.turns[:turn], answers):
+        history += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return api.encode_prompt(target, prompt.turns[turn], history=history, max_new_tokens=max_new_tokens)
+
+
+def run_prompt(target, prompt: Prompt, method: str, runner: Runner, max_new_tokens: int, tick) -> list[Generation]:
+    """All turns of one prompt with one method."""
+    answers: list[str] = []
+    out = []
+    for turn in range(len(prompt.turns)):
+        ids = encode_turn(target, prompt, turn, answers, max_new_tokens)
+        gen = runner(ids, max_new_tokens)
+        gen.method, gen.prompt_id, gen.turn = method, prompt.id, turn
+        answers.append(api.decode(target, gen.tokens))
+        out.append(gen)
+        tick()
+    return out
+
+
+def rotated(methods: list[str], index: int) -> list[str]:
+    """The method order for prompt ``index``: rotate by one per prompt so no method always runs first or last."""
+    k = index % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_tokens: int) -> None:
+    """One short untimed generation per method on the first prompt's first turn."""
+    n = min(WARMUP_TOKENS, max_new_tokens)
+    ids = encode_turn(target, prompts[0], 0, [], n)
+    for runner in runners.values():
+        runner(ids, n)
+
+
+class Progress:
+    """Progress on stderr: a bar on a terminal; otherwise one line per prompt and method (cron logs, pipelines)
+    with the running tokens/s of that method."""
+
+    def __init__(self, total: int, prompts: int):
+        from tqdm.auto import tqdm
+
+        self.total, self.prompts, self.done = total, prompts, 0
+        self.terminal = sys.stderr.isatty()
+        self.bar = tqdm(total=total, file=sys.stderr, unit="gen", desc="bench", leave=False, disable=not self.terminal)
+        self.tokens: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+
+    def update(self, index: int, method: str, gens: list[Generation], resumed: bool = False) -> None:
+        self.done += len(gens)
+        self.tokens[method] = self.tokens.get(method, 0) + sum(len(g.tokens) for g in gens)
+        self.seconds[method] = self.seconds.get(method, 0.0) + sum(g.seconds for g in gens)
+        rate = self.tokens[method] / self.seconds[method] if self.seconds[method] else 0.0
+        if self.terminal:
+            self.bar.set_postfix_str(f"prompt {index + 1}/{self.prompts} {method} {rate:.1f} tok/s")
+            self.bar.update(len(gens))
+        else:
+            sys.stderr.write(f"bench: prompt {index + 1}/{self.prompts} {method}: {rate:.1f} tok/s running "
+                             f"({self.done}/{self.total} generations{', resumed' if resumed else ''})\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], methods: list[str],
+                    checkpoint=None) -> list[Generation]:
+    """Every prompt with every method (order rotated per prompt); units already in ``checkpoint`` (``--resume``)
+    are taken from it, new ones are added to it as they finish."""
+    check_options(methods, cfg.options)  # shared by the methods: each key must be some method's
+    runners = {m: make_runner(m, target, drafts, cfg) for m in methods}
+    if cfg.warmup:
+        warm_up(target, prompts, runners, cfg.max_new_tokens)
+    total = sum(len(p.turns) for p in prompts) * len(methods)
+    generations: list[Generation] = []
+    progress = Progress(total, len(prompts))
+    try:
+        for i, prompt in enumerate(prompts):
+            for method in rotated(methods, i):
+                saved = checkpoint.get(prompt.id, method) if checkpoint else None
+                if saved is not None:
+                    gens = [Generation(**g) for g in saved]
+                else:
+                    gens = run_prompt(target, prompt, method, runners[method], cfg.max_new_tokens, lambda: None)
+                    if checkpoint:
+                        checkpoint.add(prompt.id, method, gens)
+                generations += gens
+                progress.update(i, method, gens, resumed=saved is not None)
+    finally:
+        progress.close()
+    return generations
+
+
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads`` (before loading: kernel plans and forward-time profiles are per thread count)."""
+    if threads is not None:
+        if threads < 1:
+            raise SpecdecError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def benchmark(cfg: BenchConfig, target, drafts, checkpoint=None, prompts: list[Prompt] | None = None) -> dict:
+    """Run the benchmark on already loaded models and return the record (see docs/bench.md for its schema).
+    ``checkpoint`` (:class:`specdec_cli.checkpoint.Checkpoint`) keeps finished generations for ``--resume``."""
+    if cfg.max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
+    api.SamplingConfig(temperature=cfg.temperature).validate()
+    set_threads(cfg.threads)
+    methods = method_list(cfg.methods)
+    cfg.methods = methods
+    if prompts is None:
+        prompts = load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)
+    generations = run_generations(target, drafts, cfg, prompts, methods, checkpoint)
+    device = str(next(target.model.parameters()).device)
+    return make_record(cfg, prompts, summarize(generations, methods, cfg.greedy), device)
+
+

@@ -1,0 +1,100 @@
+"""What every command shares: one-line errors, quiet libraries, option and prompt parsing.
+
+Every user-facing problem is a :class:`SpecdecError`, printed as one line on stderr with its exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import typer
+
+from ..errors import SpecdecError
+
+
+def die(message: str, code: int = 2) -> None:
+    """One line on stderr, then exit with ``code``."""
+    sys.stderr.write(f"specdec: error: {' '.join(str(message).split())}\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn user-facing errors (and Ctrl-C) into one stderr line and a non-zero exit, never a traceback."""
+    try:
+        yield
+    except SpecdecError as err:
+        die(str(err), err.exit_code)
+    except KeyboardInterrupt:
+        die("interrupted", 130)
+    except MemoryError:
+        die("out of memory (try a smaller model, --dtype bfloat16, or fewer --max-new-tokens)", 1)
+
+
+def quiet_libraries() -> None:
+    """Keep transformers/torch chatter off the user's terminal; our own progress goes to stderr."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def parse_opts(opts: Optional[List[str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in opts or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecdecError(f"--opt expects key=value, got {item!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def read_prompts(prompt: Optional[str], batch_file: Optional[str]) -> list[str]:
+    """The prompt argument, else one prompt per line of --batch-file ('-' = stdin), else all of stdin."""
+    if prompt is not None and batch_file:
+        raise SpecdecError("give either a prompt argument or --batch-file, not both")
+    if prompt is not None:
+        return [prompt]
+    if batch_file:
+        if batch_file == "-":
+            text = read_stdin()
+        else:
+            try:
+                text = Path(batch_file).read_bytes().decode("utf-8")
+            except OSError as err:
+                raise SpecdecError(f"cannot read --batch-file {batch_file}: {err.strerror}") from None
+            except UnicodeDecodeError:
+                raise SpecdecError(f"--batch-file {batch_file} is not UTF-8 text (one prompt per line)") from None
+        prompts = [line for line in text.splitlines() if line.strip()]
+        if not prompts:
+            raise SpecdecError(f"--batch-file {batch_file} holds no prompts")
+        return prompts
+    if sys.stdin is None or sys.stdin.isatty():
+        raise SpecdecError("no prompt: give one as an argument, pipe it on stdin, or use --batch-file")
+    return [read_stdin()]
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text (a clear error for binary input)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        return stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
+    except UnicodeDecodeError:
+        raise SpecdecError("stdin is not UTF-8 text; pipe a text prompt") from None
+
+
+def check_generation_args(max_new_tokens: int, window: int | None) -> None:
+    """Arguments that need no model, checked before one loads."""
+    if max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if window is not None and window < 1:
+        raise SpecdecError(f"--window must be >= 1, got {window}")
