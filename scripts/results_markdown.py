@@ -3,7 +3,7 @@
     python scripts/results_markdown.py docs/results/issue10-cpu-*.jsonl
 
 Each file contributes its last record; files whose name ends in ``-rerun.jsonl`` override the methods they ran
-(a rerun is a full record of its own: its `ar` ran in the same process). Cells: speedup (mean accepted length);
+(a rerun is a full record of its own: its `ar` ran in the same process; later reruns win). Cells: speedup (mean accepted length);
 `!` marks outputs that differ from `ar` (never expected).
 """
 
@@ -22,8 +22,9 @@ def last_record(path: Path) -> dict:
 def main(paths: list[str]) -> None:
     cells: dict[str, dict[str, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
     extras: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted(map(Path, paths), key=lambda p: p.name.endswith("-rerun.jsonl")):
-        record = last_record(path)
+    records = {path: last_record(path) for path in map(Path, paths)}
+    for path in sorted(records, key=lambda p: (p.name.endswith("-rerun.jsonl"), records[p]["timestamp"])):
+        record = records[path]
         model, prompts = record["config"]["model"], record["config"]["prompts"]
         results = {r["method"]: r for r in record["results"]}
         tag = " (rerun)" if path.name.endswith("-rerun.jsonl") else ""

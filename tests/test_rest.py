@@ -102,7 +102,7 @@ def test_cli_builds_from_hub_format_jsonl_and_verifies(smollm2, tmp_path):
     out = tmp_path / "sample"
     proc = specdec("build-datastore", "--corpus", str(SAMPLE), "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stderr.strip().splitlines()[-1])
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])  # progress on stderr, the summary on stdout
     expected = sum(len(ids) for ids in tokenize_documents(smollm2.tokenizer, iter_documents(str(SAMPLE))))
     assert summary["tokens"] == expected and summary["documents"] == 12
     store = SuffixArrayDatastore.load(out, smollm2.fingerprint, verify=True)

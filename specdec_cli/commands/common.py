@@ -65,22 +65,27 @@ def read_prompts(prompt: Optional[str], batch_file: Optional[str]) -> list[str]:
     if prompt is not None:
         return [prompt]
     if batch_file:
-        if batch_file == "-":
-            text = read_stdin()
-        else:
-            try:
-                text = Path(batch_file).read_bytes().decode("utf-8")
-            except OSError as err:
-                raise SpecdecError(f"cannot read --batch-file {batch_file}: {err.strerror}") from None
-            except UnicodeDecodeError:
-                raise SpecdecError(f"--batch-file {batch_file} is not UTF-8 text (one prompt per line)") from None
-        prompts = [line for line in text.splitlines() if line.strip()]
+        prompts = read_prompt_lines(batch_file, "--batch-file")
         if not prompts:
             raise SpecdecError(f"--batch-file {batch_file} holds no prompts")
         return prompts
     if sys.stdin is None or sys.stdin.isatty():
         raise SpecdecError("no prompt: give one as an argument, pipe it on stdin, or use --batch-file")
     return [read_stdin()]
+
+
+def read_prompt_lines(path: str, option: str) -> list[str]:
+    """One prompt per non-empty line of ``path`` ('-' = stdin), as UTF-8 text: the one prompt-line reader."""
+    if path == "-":
+        text = read_stdin()
+    else:
+        try:
+            text = Path(path).read_bytes().decode("utf-8")
+        except OSError as err:
+            raise SpecdecError(f"cannot read {option} {path}: {err.strerror}") from None
+        except UnicodeDecodeError:
+            raise SpecdecError(f"{option} {path} is not UTF-8 text (one prompt per line)") from None
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def read_stdin() -> str:

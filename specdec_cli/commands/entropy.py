@@ -15,19 +15,13 @@ def read_entropy_prompts(prompts: Optional[List[str]], prompts_file: Optional[st
     """Prompt arguments, plus one prompt per non-empty line of ``--prompts-file`` and of stdin (``--stdin``)."""
     from ..errors import SpecdecError
 
+    from .common import read_prompt_lines
+
     out = list(prompts or [])
     if prompts_file:
-        try:
-            with open(prompts_file, encoding="utf-8") as fh:
-                out += [line for line in fh.read().splitlines() if line.strip()]
-        except OSError as err:
-            raise SpecdecError(f"cannot read --prompts-file {prompts_file}: {err.strerror}") from None
-        except UnicodeDecodeError:
-            raise SpecdecError(f"--prompts-file {prompts_file} is not UTF-8 text (one prompt per line)") from None
+        out += read_prompt_lines(prompts_file, "--prompts-file")
     if use_stdin:
-        from .common import read_stdin
-
-        out += [line for line in read_stdin().splitlines() if line.strip()]
+        out += read_prompt_lines("-", "--stdin")
     if not out:
         raise SpecdecError("no prompts: give them as arguments, with --prompts-file FILE, or with --stdin")
     return out

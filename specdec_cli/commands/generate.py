@@ -24,8 +24,6 @@ def generate(
     model: str = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP),
     method: str = typer.Option("ar", "--method", help="ar, sd, self-verify, hsddw, rest, aded, ngram-trie, pld"),
     draft: Optional[List[str]] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    draft1: Optional[str] = typer.Option(None, "--draft1", help="hsddw fast draft M1 (same as the first --draft)"),
-    draft2: Optional[str] = typer.Option(None, "--draft2", help="hsddw stronger draft M2 (same as the second --draft)"),
     window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default: sd 5, self-verify/hsddw 10)"),
     datastore: Optional[str] = typer.Option(None, "--datastore", help="datastore directory (rest, aded)"),
     opt: Optional[List[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable), see docs/"),
@@ -54,10 +52,6 @@ def generate(
 
         prompts = read_prompts(prompt, batch_file)
         drafts = list(draft or [])
-        if draft1 or draft2:
-            if drafts:
-                raise SpecdecError("use either --draft (repeated) or --draft1/--draft2")
-            drafts = [d for d in (draft1, draft2) if d]
         options = parse_opts(opt)
         if save_adapted:
             options["save_adapted"] = save_adapted  # an aded option: refused for the other methods
