@@ -16,7 +16,7 @@ from ..errors import SpecdecError
 from . import KINDS
 from .build import DEFAULT_SHARD_BYTES
 from .format import check_out_dir
-from .tokenize import ParallelTokenizer, tokenizer_info
+from .tokenize import ParallelTokenizer, peak_rss_bytes, tokenizer_info
 
 
 def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_tokens: int | None = None,
@@ -76,15 +76,6 @@ def _token_documents(model: str, texts, max_tokens: int | None, workers: int):
 
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # batches are tokenized on every core (in Rust)
     return info["fingerprint"], info["vocab_size"], tokenize_documents(load_tokenizer(model), texts, max_tokens), None
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (Linux/macOS ``ru_maxrss``)."""
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _summary(out: Path, manifest: dict, seconds: float, workers_rss: int = 0) -> dict:

@@ -1,6 +1,6 @@
 """Tokenizing a corpus for a datastore build, on every core, in small processes.
 
-Tokenization is most of a build's cost (Gemma-3's tokenizer: about 1M tokens per CPU-second on code), and a
+Tokenization is most of a build's cost (Gemma-3's tokenizer: about 0.5M tokens per CPU-second), and a
 transformers tokenizer costs ~500 MB of memory on top of torch. So the build process never loads one: a
 short-lived child loads the model's tokenizer once to compute its fingerprint and export its Rust backend (after
 checking on a sample that the backend alone gives the same ids), and ``workers`` processes that load only that
@@ -72,17 +72,16 @@ def _init_worker(backend_json: str) -> None:
 
 
 def _encode(texts: list[str]) -> tuple[list[np.ndarray], int]:
-    import resource
-
     docs = [np.asarray(e.ids, dtype=np.uint32) for e in _BACKEND.encode_batch(texts, add_special_tokens=False)]
-    return docs, _peak_rss(resource.RUSAGE_SELF)
+    return docs, peak_rss_bytes()
 
 
-def _peak_rss(who) -> int:
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux/macOS ``ru_maxrss``)."""
     import resource
     import sys
 
-    peak = resource.getrusage(who).ru_maxrss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
