@@ -165,7 +165,7 @@ def test_manifest_records_format(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format_version"] == fmt.FORMAT_VERSION and manifest["kind"] == "suffix-array"
     assert manifest["token_width"] == 2 and manifest["vocab_size"] == 50 and manifest["tokenizer_fingerprint"] == FP
-    assert set(manifest["files"]) == {"shard-00000.data.npy", "shard-00000.sa.npy"}
+    assert set(manifest["files"]) == {"shard-00000.data.npy", "shard-00000.sa.npy", "shard-00000.keys.npy"}
     assert manifest["corpus"] == "unit" and manifest["num_documents"] == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
 

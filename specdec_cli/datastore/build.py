@@ -18,7 +18,7 @@ import numpy as np
 
 from ..atomic import new_build_dir
 from ..errors import SpecdecError
-from . import format as fmt
+from . import format as fmt, search
 
 MAX_SHARD_BYTES = 2**31 - 1 - 2**20  # int32 suffix arrays; a little headroom
 DEFAULT_SHARD_BYTES = 64 * 10**6  # sorting a shard needs ~6x its size: with the tokenizer workers a build stays near 1.5 GB
@@ -143,7 +143,7 @@ def build_suffix_array_datastore(docs: Iterable, out: str | Path, *, fingerprint
             bar.close()
         if not counter["tokens"]:
             raise SpecdecError("the corpus yielded no tokens; nothing to index")
-        files = {name: fmt.file_entry(tmp / name) for shard in shards for name in (shard["data"], shard["sa"])}
+        files = {name: fmt.file_entry(tmp / name) for shard in shards for name in (shard["data"], shard["sa"], shard["keys"])}
         manifest = {
             "format": fmt.FORMAT, "kind": fmt.KIND, "format_version": fmt.FORMAT_VERSION,
             "tokenizer_fingerprint": fingerprint, "vocab_size": int(vocab_size), "token_width": width,
@@ -166,8 +166,10 @@ def _write_shard(folder: Path, index: int, buf: ByteBuffer, progress: bool) -> d
 
         tqdm.write(f"sorting shard {index}: {data.size / 1e6:.1f} MB, {buf.documents} documents", file=sys.stderr)
     sa = aligned_suffixes(data, buf.width, buf.documents)
-    names = {"data": f"shard-{index:05d}.data.npy", "sa": f"shard-{index:05d}.sa.npy"}
+    names = {"data": f"shard-{index:05d}.data.npy", "sa": f"shard-{index:05d}.sa.npy",
+             "keys": f"shard-{index:05d}.keys.npy"}
     np.save(folder / names["data"], data)
     np.save(folder / names["sa"], sa)
-    return {**names, "bytes": int(data.size), "tokens": int(data.size // buf.width), "suffixes": int(sa.size),
-            "documents": buf.documents}
+    np.save(folder / names["keys"], search.sample_keys(data, sa, search.KEY_STRIDE))
+    return {**names, "key_stride": search.KEY_STRIDE, "bytes": int(data.size), "tokens": int(data.size // buf.width),
+            "suffixes": int(sa.size), "documents": buf.documents}

@@ -10,6 +10,7 @@ nodes (Algorithm 2) is ``trees.count_trie`` / ``trees.top_by_count``.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,17 +24,24 @@ from . import format as fmt, search
 class Shard:
     data: np.ndarray  # uint8 token bytes (memory-mapped)
     sa: np.ndarray  # int32 byte offsets of token-aligned, non-separator suffixes, sorted (memory-mapped)
+    keys: np.ndarray | None = None  # top-level index: first bytes of every key_stride-th suffix (search.sample_keys)
+    key_stride: int = search.KEY_STRIDE
 
     def __post_init__(self):
         self.data_u8, self.sa_i32 = search.as_arrays(self.data, self.sa)
+        if self.keys is None:  # stores built before the index existed: sampled once, at load
+            self.keys = search.sample_keys(self.data_u8, self.sa_i32, self.key_stride)
+        self.keys = np.ascontiguousarray(self.keys, dtype=np.uint8)  # a few MB: held in memory, stays in cache
 
     def match_range(self, query: bytes) -> tuple[int, int]:
         """[lo, hi) of suffix-array entries whose suffix starts with ``query`` (token-aligned bytes)."""
-        lo, hi = search.match_range(self.data_u8, self.sa_i32, np.frombuffer(query, dtype=np.uint8))
+        lo, hi = search.indexed_range(self.data_u8, self.sa_i32, self.keys, self.key_stride,
+                                      np.frombuffer(query, dtype=np.uint8))
         return int(lo), int(hi)
 
-    def longest_match(self, context: np.ndarray, width: int, n_max: int) -> tuple[int, int, int]:
-        k, lo, hi = search.longest_match(self.data_u8, self.sa_i32, context, width, n_max)
+    def longest_match(self, context: np.ndarray, width: int, n_max: int, min_k: int = 1) -> tuple[int, int, int]:
+        k, lo, hi = search.longest_match(self.data_u8, self.sa_i32, self.keys, self.key_stride, context, width,
+                                         n_max, min_k)
         return int(k), int(lo), int(hi)
 
 
@@ -51,6 +59,7 @@ class SuffixArrayDatastore:
         self.folder, self.manifest, self.shards = folder, manifest, shards
         self.width = int(manifest["token_width"])
         self.separator = fmt.separator(self.width)
+        self._compiled = None  # the shards' arrays as the compiled retrieval takes them (built on first use)
 
     @classmethod
     def load(cls, folder: str | Path, fingerprint: str | None = None, verify: bool = False) -> "SuffixArrayDatastore":
@@ -63,13 +72,18 @@ class SuffixArrayDatastore:
         if fingerprint is not None:
             fmt.check_tokenizer(folder, manifest, fingerprint)
         fmt.check_files(folder, manifest, verify=verify)
-        shards = [Shard(_load_npy(folder, s["data"]), _load_npy(folder, s["sa"])) for s in manifest["shards"]]
+        populate = fits_in_memory(sum(int(e.get("bytes", 0)) for e in manifest["files"].values()))
+        shards = [Shard(_load_npy(folder, s["data"], populate), _load_npy(folder, s["sa"], populate),
+                        _load_npy(folder, s["keys"]) if s.get("keys") else None,
+                        int(s.get("key_stride", search.KEY_STRIDE))) for s in manifest["shards"]]
         for entry, shard in zip(manifest["shards"], shards):
             problem = structure_problem(shard, int(manifest["token_width"]), int(manifest["vocab_size"]))
             if problem:
                 raise SpecdecError(f"datastore {folder} is corrupt ({entry['data']}: {problem}); rebuild it, or check "
                                    f"it with `specdec build-datastore --verify --out {folder}`")
-        return cls(folder, manifest, shards)
+        store = cls(folder, manifest, shards)
+        store.retrieve([0], 1, 1, 1)  # compiled code loaded (or compiled) now, not in the first decoding step
+        return store
 
     @property
     def num_tokens(self) -> int:
@@ -80,32 +94,27 @@ class SuffixArrayDatastore:
 
     def longest_match(self, context: list[int], n_max: int) -> tuple[int, list[tuple[int, int]]]:
         """Longest suffix of ``context`` (at most ``n_max`` tokens) found in the datastore, and its ranges."""
-        tail = self.encode(context[-n_max:]) if n_max > 0 and context else b""
-        found = [shard.longest_match(np.frombuffer(tail, dtype=np.uint8), self.width, n_max) for shard in self.shards]
-        n = max((k for k, _, _ in found), default=0)
+        tail = np.frombuffer(self.encode(context[-n_max:]) if n_max > 0 and context else b"", dtype=np.uint8)
+        found, n = [], 0
+        for shard in self.shards:  # each shard only looks for matches at least as long as the best so far
+            k, lo, hi = shard.longest_match(tail, self.width, n_max, max(n, 1))
+            found.append((k, lo, hi))
+            n = max(n, k)
         if n == 0:
             return 0, []
         return n, [(lo, hi) if k == n else (0, 0) for k, lo, hi in found]
 
     def retrieve(self, context: list[int], n_max: int = 16, cont_len: int = 10, max_matches: int = 5000) -> Retrieval:
         """Continuations (up to ``max_matches``, evenly spread over the match range) of the longest match."""
-        n, ranges = self.longest_match(context, n_max)
-        total = sum(hi - lo for lo, hi in ranges)
+        tail = np.frombuffer(self.encode(context[-n_max:]) if n_max > 0 and context else b"", dtype=np.uint8)
+        if self._compiled is None:
+            self._compiled = search.shard_lists([s.data_u8 for s in self.shards], [s.sa_i32 for s in self.shards],
+                                                [s.keys for s in self.shards], [s.key_stride for s in self.shards])
+        n, total, rows = search.retrieve(*self._compiled, tail, self.width, n_max, max_matches, max(cont_len, 0),
+                                         self.separator)
         if n == 0 or cont_len < 1:
-            return Retrieval(n, total, np.empty((0, max(cont_len, 0)), dtype=np.int64))
-        rows = [self._continuations(shard, picks, n, cont_len)
-                for shard, picks in zip(self.shards, _spread(ranges, max_matches)) if picks.size]
-        return Retrieval(n, total, np.concatenate(rows))
-
-    def _continuations(self, shard: Shard, picks: np.ndarray, n: int, cont_len: int) -> np.ndarray:
-        """The ``cont_len`` tokens after each picked match, -1 from the first separator on."""
-        w = self.width
-        starts = np.asarray(shard.sa[picks], dtype=np.int64) + n * w
-        offsets = starts[:, None] + np.arange(cont_len * w, dtype=np.int64)[None, :]
-        np.minimum(offsets, shard.data.size - 1, out=offsets)  # the data ends with a separator: reads stay inside
-        tokens = fmt.decode_tokens(np.asarray(shard.data)[offsets], w)
-        live = np.cumprod(tokens != self.separator, axis=1).astype(bool)
-        return np.where(live, tokens, -1)
+            return Retrieval(int(n), int(total), np.empty((0, max(cont_len, 0)), dtype=np.int64))
+        return Retrieval(int(n), int(total), rows)
 
 
 SAMPLE = 2048  # suffix-array entries and tokens checked when a shard is opened
@@ -142,26 +151,38 @@ def structure_problem(shard: Shard, width: int, vocab_size: int) -> str | None:
         keys = [tuple(row) for row in windows.tolist()]
         if any(a > b for a, b in zip(keys, keys[1:])):
             return "the suffix array is not sorted"
+    stride = shard.key_stride
+    if stride < 1 or shard.keys.shape != (-(-sa.size // stride), search.KEY_BYTES):
+        return "the top-level index does not fit the suffix array"
+    rows = np.unique(np.linspace(0, shard.keys.shape[0] - 1, min(64, shard.keys.shape[0])).astype(np.int64))
+    if rows.size and not np.array_equal(shard.keys[rows], search.sample_keys(data, sa[rows * stride], 1)):
+        return "the top-level index does not match the suffix array"
     return None
 
 
-def _spread(ranges: list[tuple[int, int]], limit: int) -> list[np.ndarray]:
-    """Suffix-array indices per shard: all matches, or ``limit`` of them evenly spaced over all shards' ranges."""
-    counts = np.array([hi - lo for lo, hi in ranges], dtype=np.int64)
-    total = int(counts.sum())
-    picks = np.arange(total, dtype=np.int64) if total <= limit else (np.arange(limit, dtype=np.int64) * total) // limit
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    out = []
-    for (lo, _), a, b in zip(ranges, bounds[:-1], bounds[1:]):
-        mine = picks[(picks >= a) & (picks < b)]
-        out.append(mine - a + lo)
-    return out
-
-
-def _load_npy(folder: Path, name: str) -> np.ndarray:
-    from ..errors import SpecdecError
-
+def _load_npy(folder: Path, name: str, populate: bool = False) -> np.ndarray:
+    """A read-only memory map of ``name``; ``populate``: with its page tables filled at once (``MAP_POPULATE``),
+    so drafting never takes a page fault -- the first touch of each 4 kB page otherwise costs a few microseconds
+    per random read and made up most of the 99th-percentile step (docs/benchmarks.md)."""
     try:
+        if populate and hasattr(mmap, "MAP_POPULATE"):
+            with open(folder / name, "rb") as fh:
+                major, minor = np.lib.format.read_magic(fh)
+                read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(fh)
+                if not fortran and int(np.prod(shape)) > 0:
+                    mapped = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+                    return np.frombuffer(mapped, dtype=dtype, count=int(np.prod(shape)), offset=fh.tell()).reshape(shape)
         return np.load(folder / name, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as err:
         raise SpecdecError(f"datastore {folder}: cannot read {name} ({err})") from None
+
+
+def fits_in_memory(nbytes: int, share: float = 0.5) -> bool:
+    """Whether ``nbytes`` is under ``share`` of the memory available now (Linux; False where unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            info = dict(line.split(":", 1) for line in fh)
+        return nbytes < share * int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return False

@@ -10,25 +10,75 @@ build's summary can count the whole pipeline's memory, not only the parent's.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing as mp
 import os
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
 TASK_CHARS = 1 << 18  # text per task: large enough to amortize the hand-over, small enough to keep order cheap
+INFO_VERSION = 2  # bump when tokenizer_info's answer changes meaning (2: the Python-side replacement)
 PENDING_PER_WORKER = 64  # tasks queued ahead: workers keep tokenizing while the parent sorts a shard
 SAMPLE = ["def f(x):\n    return x  # 42\n\n\n", "  Hello,\tworld!  \n", "naïve café — 東京 🙂", "\n\n    if a:\n\tb()",
-          " leading space", "trailing space ", "x" * 300, "<s></s><pad>"]
+          " leading space", "trailing space ", "x" * 300, "<s></s><pad>", "<start_of_turn>user\n hi <end_of_turn>\n",
+          "▁ already ▁▁ marked", "a  b   c    d", "\u00a0nbsp\u3000wide space"]
 
 
 def tokenizer_info(model: str) -> dict:
     """In a child process: the tokenizer's fingerprint and vocabulary size, and its Rust backend as JSON when that
-    backend alone tokenizes exactly like the transformers tokenizer (else ``None``: tokenize in-process)."""
+    backend alone tokenizes exactly like the transformers tokenizer (else ``None``: tokenize in-process).
+
+    Loading a transformers tokenizer costs 10-16 s (imports, a 262k vocabulary): for a local model or a PyPI
+    alias the answer is cached under ``$SPECDEC_CACHE/tokenizers``, keyed by the size and mtime of the files it
+    came from, so a second build starts at once."""
+    path = _info_cache_path(model)
+    if path is not None and path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable: computed again and rewritten
     with ProcessPoolExecutor(1, mp_context=_context(), initializer=_ignore_interrupts) as pool:
-        return pool.submit(_tokenizer_info, model).result()
+        info = pool.submit(_tokenizer_info, model).result()
+    if path is not None:
+        _write_atomically(path, json.dumps(info))
+    return info
+
+
+def _info_cache_path(model: str) -> Path | None:
+    """Where ``model``'s tokenizer info is cached; None for hub ids (whose files we cannot stat cheaply)."""
+    import importlib.util
+
+    from ..aliases import ALIASES, cache_root
+
+    alias = ALIASES.get(model.lower())
+    if alias is not None and alias.pypi_gguf:
+        spec = importlib.util.find_spec(alias.pypi_gguf)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        files = sorted(Path(list(spec.submodule_search_locations)[0]).iterdir())
+    elif alias is None and Path(model).expanduser().exists():
+        path = Path(model).expanduser().resolve()
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    else:
+        return None
+    identity = "\n".join(f"{p.resolve()}|{p.stat().st_size}|{p.stat().st_mtime_ns}" for p in files if p.is_file())
+    key = hashlib.sha256(f"{INFO_VERSION}\n{model}\n{identity}".encode()).hexdigest()[:20]
+    return cache_root() / "tokenizers" / f"{key}.json"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written costs time, never the build
 
 
 def _tokenizer_info(model: str) -> dict:
@@ -36,14 +86,53 @@ def _tokenizer_info(model: str) -> dict:
     from ..models import load_tokenizer, tokenizer_fingerprint
 
     tokenizer = load_tokenizer(model)
-    info = {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": len(tokenizer), "backend": None}
+    info = {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": len(tokenizer), "backend": None,
+            "replace": None}
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        ours = [e.ids for e in backend.encode_batch(SAMPLE, add_special_tokens=False)]
-        theirs = [list(ids) for ids in tokenizer(SAMPLE, add_special_tokens=False)["input_ids"]]
-        if ours == theirs:
-            info["backend"] = backend.to_str()
+    if backend is None:
+        return info
+    theirs = [list(ids) for ids in tokenizer(SAMPLE, add_special_tokens=False)["input_ids"]]
+    for backend_json, replace in (python_normalized(backend.to_str()), (backend.to_str(), None)):
+        if backend_json is not None and Encoder(backend_json, replace).encode(SAMPLE) == theirs:
+            info["backend"], info["replace"] = backend_json, replace
+            break
     return info
+
+
+def python_normalized(backend_json: str) -> tuple[str | None, tuple[str, str] | None]:
+    """The backend without its normalizer when that normalizer is one plain string replacement (Gemma, Llama-2
+    style: ``" "`` -> ``"▁"``), and that replacement, done in Python instead: ``str.replace`` costs almost nothing
+    while the Rust normalizer tracks an alignment per character (1.2-1.5x the tokenizer's time on code). A Split
+    pre-tokenizer on the replaced string is a no-op after the replacement and is dropped too. ``(None, None)``
+    when the normalizer is anything else."""
+    spec = json.loads(backend_json)
+    norm = spec.get("normalizer") or {}
+    pattern = norm.get("pattern") or {}
+    if norm.get("type") != "Replace" or set(pattern) != {"String"}:
+        return None, None
+    old, new = pattern["String"], norm.get("content")
+    if not old or not isinstance(new, str) or old in new:
+        return None, None
+    spec["normalizer"] = None
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "Split" and pre.get("pattern") == {"String": old}:
+        spec["pre_tokenizer"] = None
+    return json.dumps(spec), (old, new)
+
+
+class Encoder:
+    """A Rust tokenizer backend, with the replacement :func:`python_normalized` moved out of it (if any)."""
+
+    def __init__(self, backend_json: str, replace: tuple[str, str] | None = None):
+        from tokenizers import Tokenizer
+
+        self.tokenizer, self.replace = Tokenizer.from_str(backend_json), replace
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if self.replace is not None:
+            old, new = self.replace
+            texts = [text.replace(old, new) for text in texts]
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
 _BACKEND = None
@@ -62,17 +151,15 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _init_worker(backend_json: str) -> None:
+def _init_worker(backend_json: str, replace: tuple[str, str] | None) -> None:
     global _BACKEND
     _ignore_interrupts()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker; the pool is the parallelism
-    from tokenizers import Tokenizer
-
-    _BACKEND = Tokenizer.from_str(backend_json)
+    _BACKEND = Encoder(backend_json, replace)
 
 
 def _encode(texts: list[str]) -> tuple[list[np.ndarray], int]:
-    docs = [np.asarray(e.ids, dtype=np.uint32) for e in _BACKEND.encode_batch(texts, add_special_tokens=False)]
+    docs = [np.asarray(ids, dtype=np.uint32) for ids in _BACKEND.encode(texts)]
     return docs, peak_rss_bytes()
 
 
@@ -101,14 +188,14 @@ def _tasks(texts: Iterable[str], chars: int = TASK_CHARS) -> Iterator[list[str]]
 class ParallelTokenizer:
     """Token ids (uint32 arrays) of documents, in corpus order, encoded by ``workers`` processes."""
 
-    def __init__(self, backend_json: str, workers: int):
-        self.backend_json, self.workers = backend_json, max(1, workers)
+    def __init__(self, backend_json: str, workers: int, replace: tuple[str, str] | None = None):
+        self.backend_json, self.replace, self.workers = backend_json, replace, max(1, workers)
         self.worker_peak_rss = 0
 
     def documents(self, texts: Iterable[str], max_tokens: int | None = None) -> Iterator[np.ndarray]:
         """Stops once ``max_tokens`` ids have been yielded; the last document is cut to fit."""
         pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_init_worker,
-                                   initargs=(self.backend_json,))
+                                   initargs=(self.backend_json, self.replace))
         pending: deque = deque()
         total = 0
         try:
