@@ -73,7 +73,7 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
 
 def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), *, datastore: str | None = None,
                  window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto",
-                 check: bool = True) -> Drafter:
+                 check: bool = True, compile: str = "auto") -> Drafter:
     """A drafter for ``method`` with its :class:`~specdec_cli.budget.Budget` (``auto``: priced with this machine's
     measured forward times of ``target``, measured once and cached). ``check=False``: the caller has checked
     ``options`` against several methods that share them (bench)."""
@@ -84,17 +84,24 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     drafter = build_drafter(method, ctx)
     if method == "ar":  # nothing to select or gate
         mode = "paper"
-    profile = hardware.profile_for(target.model, progress=note) if mode == "auto" else None
+    from .fastpath import resolve  # the budget prices drafts with the forward times of the path that runs them
+
+    fast = resolve(compile, target.model)
+    profile = hardware.profile_for(target.model, progress=note, fast=fast) if mode == "auto" else None
     drafter.budget = Budget(mode, profile)
     return drafter
 
 
 def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, *, max_new_tokens: int = 128,
-        sampling: SamplingConfig = SamplingConfig(), seed: int = 0, on_tokens=None) -> GenerationResult:
+        sampling: SamplingConfig = SamplingConfig(), seed: int = 0, on_tokens=None,
+        compile: str = "auto") -> GenerationResult:
+    """``compile``: ``--compile`` (auto, on, off, static; :func:`specdec_cli.fastpath.resolve`)."""
     if max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    from .fastpath import resolve
+
     return generate(target.model, prompt_ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling.validate(),
-                    seed=seed, stop_ids=target.stop_ids, on_tokens=on_tokens)
+                    seed=seed, stop_ids=target.stop_ids, on_tokens=on_tokens, fast=resolve(compile, target.model))
 
 
 def decode(target: LoadedModel, tokens: list[int]) -> str:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from . import engine, metrics
+from . import engine, fastpath, metrics
 from .budget import Budget
 from .errors import SpecdecError
 from .sampling import SamplingConfig
@@ -143,13 +143,18 @@ def generate(
     seed: int = 0,
     stop_ids: set[int] | frozenset[int] = frozenset(),
     on_tokens: Callable[[list[int]], None] | None = None,
+    fast: str = "off",
 ) -> GenerationResult:
-    """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM)."""
+    """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM).
+
+    ``fast``: ``"off"`` (growing cache, eager), ``"static"`` (static cache, bucketed forwards) or ``"compiled"``
+    (the same, compiled: CUDA graphs on a GPU) -- :mod:`specdec_cli.fastpath`. The output is the same."""
     generator = torch.Generator().manual_seed(seed)
     budget = drafter.budget
     vocab = vocab_size(target)
     t_start = time.perf_counter()
-    cache = engine.new_cache(target, len(prompt) + max_new_tokens + 8)
+    cache = engine.new_cache(target, len(prompt) + max_new_tokens + 8, fast=fast)
+    max_nodes = fastpath.BUCKETS[-1] - 1 if fast != "off" else None  # the root and the draft fill one bucket
     tokens = list(prompt)
     if len(tokens) > 1:
         engine.forward_chain(target, cache, tokens[:-1], keep=0)
@@ -166,6 +171,8 @@ def generate(
         room = budget.draft_limit(max_new_tokens - len(out) - 1)
         plan = budget.select(drafter.propose(tokens, room) if drafting else Draft())
         draft = plan.draft
+        if max_nodes is not None and len(draft) > max_nodes:  # nodes come after their parents: a prefix is a tree
+            draft = draft.subtree(range(max_nodes))
         if draft.tokens and not 0 <= min(draft.tokens) <= max(draft.tokens) < vocab:
             bad = next(t for t in draft.tokens if not 0 <= t < vocab)
             raise SpecdecError(f"{drafter.name}: drafted token id {bad} is outside the model's vocabulary of {vocab} "

@@ -22,11 +22,18 @@ from functools import lru_cache
 
 import torch
 
-from . import kernels, kvcache
+from . import fastpath, kernels, kvcache
 from .trees import ancestor_matrix, depths, is_chain
 
-new_cache = kvcache.new_cache
 NO_ROWS = torch.empty(0, dtype=torch.long)
+
+
+def new_cache(model=None, capacity: int = kvcache.MIN_CAPACITY, fast: str = "off"):
+    """The KV cache for one generation: a growing one (eager, ``fast="off"``), or the model's static cache with
+    bucketed forwards, eager (``"static"``) or compiled (``"compiled"``) -- :mod:`specdec_cli.fastpath`."""
+    if fast == "off" or model is None:
+        return kvcache.new_cache(model, capacity)
+    return fastpath.cache_for(model, capacity, compiled=fast == "compiled")
 
 
 def cache_len(cache) -> int:
@@ -53,6 +60,8 @@ def _rows_arg(model, keep: int | None) -> dict:
 def forward_chain(model, cache, tokens: list[int], keep: int | None = None) -> torch.Tensor:
     """Feed ``tokens`` after the cached prefix; returns float32 logits of the last ``keep`` rows (None: all rows,
     0: none -- a prefill whose logits nobody reads; the LM head is then skipped entirely)."""
+    if isinstance(cache, fastpath.StaticCache):
+        return cache.forward_chain(tokens, keep)
     start = cache_len(cache)
     dev = input_device(model)
     ids = torch.tensor([tokens], dtype=torch.long, device=dev)
@@ -98,6 +107,8 @@ def tree_masks(model, cache, prefix_len: int, parents: list[int], device, dtype)
 @torch.inference_mode()
 def forward_tree(model, cache, root: int, draft_tokens: list[int], parents: list[int]) -> torch.Tensor:
     """Feed the root token and a draft tree in one pass; returns logits ``[1 + n, V]`` (row 0 = root)."""
+    if isinstance(cache, fastpath.StaticCache):
+        return cache.forward_tree(root, draft_tokens, parents)
     if is_chain(parents):
         return forward_chain(model, cache, [root, *draft_tokens])
     dev = input_device(model)

@@ -113,14 +113,16 @@ def _tree(n_draft: int) -> list[int]:
 
 
 @torch.inference_mode()
-def measure(model, points=POINTS, context: int = CONTEXT) -> Profile:
+def measure(model, points=POINTS, context: int = CONTEXT, fast: str = "off") -> Profile:
+    """Forward times for ``points`` query sizes after ``context`` cached tokens, on the engine path ``fast``
+    (with the static cache every size is timed as the bucket it pads to -- compiled ones compile here, once)."""
     from . import engine
 
     t_start = time.perf_counter()
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (context + max(points) + 1,), generator=gen).tolist()
-    cache = engine.new_cache(model, context + max(points) + 8)
+    cache = engine.new_cache(model, context + max(points) + 8, fast=fast)
     engine.forward_chain(model, cache, ctx[:context], keep=0)
 
     device = engine.input_device(model)
@@ -146,15 +148,15 @@ def measure(model, points=POINTS, context: int = CONTEXT) -> Profile:
                    info={"context": context, "threads": torch.get_num_threads()})
 
 
-def profile_for(model, extra: str = "", progress=None) -> Profile:
+def profile_for(model, extra: str = "", progress=None, fast: str = "off") -> Profile:
     """The cached profile of ``model`` on this machine, measured now if there is none."""
-    key = model_key(model, extra)
+    key = model_key(model, extra + (f"|fast={fast}" if fast != "off" else ""))
     found = load(key)
     if found is not None:
         return found
     if progress:
         progress("measuring forward times on this machine (once per model and thread count)")
-    profile = measure(model)
+    profile = measure(model, fast=fast)
     profile.key = key
     save(profile)
     return profile

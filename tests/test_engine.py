@@ -135,15 +135,16 @@ def exact_two_token_distribution(model, prompt, cfg):
     return table.flatten()
 
 
-def sd_two_token_pvalue(target, draft, n: int = 1500) -> float:
-    """Chi-square p-value of the first two tokens sd samples (n seeds) against the target's exact law."""
+def sd_two_token_pvalue(target, draft, n: int = 1500, fast: str = "off") -> float:
+    """Chi-square p-value of the first two tokens sd samples (n seeds) against the target's exact law
+    (``fast``: the engine path of the target, :mod:`specdec_cli.fastpath`)."""
     cfg = SamplingConfig(temperature=1.0)
     prompt = [1, 4, 2]
     expected = exact_two_token_distribution(target, prompt, cfg).cpu()
     drafter = RandomChainDrafter(draft, k=3)
     counts = torch.zeros(64)
     for seed in range(n):
-        out = generate(target, prompt, drafter, max_new_tokens=2, sampling=cfg, seed=seed).tokens
+        out = generate(target, prompt, drafter, max_new_tokens=2, sampling=cfg, seed=seed, fast=fast).tokens
         counts[out[0] * 8 + out[1]] += 1
     keep = expected * n >= 5
     obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])

@@ -119,3 +119,38 @@ def test_every_method_greedy_matches_ar_on_gpu(gpu_smollm2, gpu_cases, gpu_store
         result = api.run(gpu_smollm2, ids, drafter, max_new_tokens=NEW_TOKENS)
         assert result.tokens == expected, method
         assert result.summary()["accepted"] <= result.summary()["drafted"]
+
+
+# ------------------------------------------------------------------------------------- the compiled fast path
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_compiled_tree_forward_and_rollback_on_gpu(make):
+    model = on_gpu(make(vocab=16))
+    prefix = [1, 7, 3, 9, 4, 12, 5, 2, 8]
+    tokens, parents = [3, 5, 7, 5, 2, 9, 1], [-1, -1, 0, 0, 1, 3, 5]
+    cache = engine.new_cache(model, 64, fast="compiled")
+    engine.forward_chain(model, cache, prefix[:-1], keep=0)
+    tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
+    for i in range(len(tokens)):
+        path, node = [], i
+        while node >= 0:
+            path.insert(0, tokens[node])
+            node = parents[node]
+        assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=1e-3), f"node {i}"
+    engine.keep(cache, len(prefix) - 1, [0, 1, 3])  # root -> node 0 -> node 2
+    after = engine.forward_tree(model, cache, 13, [], [])[-1]
+    assert torch.allclose(after, chain_logits(model, prefix + [3, 7, 13])[-1], atol=1e-3)
+
+
+def test_sd_sampling_on_the_compiled_path_on_gpu():
+    from test_engine import sd_two_token_pvalue
+
+    assert sd_two_token_pvalue(on_gpu(tiny_llama(seed=0)), on_gpu(tiny_llama(seed=1)), n=800, fast="compiled") > 1e-3
+
+
+def test_compiled_ar_equals_eager_ar_on_gpu(gpu_smollm2, gpu_cases):
+    """gpu_cases' ar runs with --compile auto (compiled on CUDA); the eager loop gives the same tokens."""
+    drafter = api.make_drafter("ar", gpu_smollm2, compile="off")
+    for ids, expected in gpu_cases:
+        assert api.run(gpu_smollm2, ids, drafter, max_new_tokens=NEW_TOKENS, compile="off").tokens == expected

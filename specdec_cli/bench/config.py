@@ -12,6 +12,7 @@ HF_BASELINES = {
     "hf": "transformers generate(), greedy",
     "hf-assisted": "transformers generate(assistant_model=first --draft)",
     "hf-pld": "transformers generate(prompt_lookup_num_tokens=10)",
+    "hf-static": "transformers generate(cache_implementation='static'), compiled by transformers where it compiles",
 }
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
@@ -40,6 +41,7 @@ class BenchConfig:
     threads: int | None = None  # torch.set_num_threads; 1 is far steadier on a busy CPU
     budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.budget)
     kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
+    compile: str = "auto"  # static cache + compiled forwards: auto (on for CUDA), on, off, static (fastpath)
 
     @property
     def greedy(self) -> bool:

@@ -87,7 +87,8 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
 # --- merging shards: several runs of one configuration over disjoint prompts ----------------------------------
 
 MERGE_CONFIG_KEYS = ("model", "drafts", "methods", "prompts", "category", "max_new_tokens", "temperature", "dtype",
-                     "device", "datastore", "window", "options", "threads", "budget", "kernels")
+                     "device", "datastore", "window", "options", "threads", "budget", "kernels",
+                     "compile")
 MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformers")
 
 

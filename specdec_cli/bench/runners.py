@@ -33,13 +33,15 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     """A runner for one of our methods; the drafter is built once and reused, as ``specdec generate`` does."""
     try:
         drafter = api.make_drafter(method, target, drafts, datastore=datastore_for(method, cfg.datastore),
-                                   window=cfg.window, options=cfg.options, budget=cfg.budget, check=False)
+                                   window=cfg.window, options=cfg.options, budget=cfg.budget, check=False,
+                                   compile=cfg.compile)
     except ModuleNotFoundError as err:
         raise SpecdecError(f"method {method!r} is not available in this installation ({err})") from None
     sampling = api.SamplingConfig(temperature=cfg.temperature)
 
     def run(ids: list[int], max_new_tokens: int) -> Generation:
-        result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling, seed=cfg.seed)
+        result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling, seed=cfg.seed,
+                         compile=cfg.compile)
         steps = result.steps
         return Generation(method, "", 0, list(result.tokens), result.total_s, forwards=len(steps),
                           emitted=sum(s.new_tokens for s in steps), drafted=sum(s.drafted for s in steps),
@@ -86,6 +88,8 @@ def hf_kwargs(method: str, target, drafts, cfg: BenchConfig) -> dict:
         kwargs["assistant_model"] = drafts[0].model
     elif method == "hf-pld":
         kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
+    elif method == "hf-static":  # transformers' static cache; its generate compiles the forward on CUDA itself
+        kwargs["cache_implementation"] = "static"
     return kwargs
 
 

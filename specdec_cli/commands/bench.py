@@ -11,8 +11,10 @@ from typing import List, Optional
 
 import typer
 
+from .common import COMPILE_HELP
+
 METHODS_HELP = ("comma-separated: ar, sd, self-verify, hsddw, rest, aded, ngram-trie, pld, and transformers' "
-                "baselines hf, hf-assisted (uses the first --draft), hf-pld; ar is always included")
+                "baselines hf, hf-assisted (uses the first --draft), hf-pld, hf-static; ar is always included")
 BUDGET_HELP = ("draft budget of our methods: auto (verify what pays off on this machine, measured), paper (each "
                "paper's fixed settings) or N (the N draft tokens most likely accepted)")
 KERNELS_HELP = "target's CPU linear kernels: auto (measured per row count, cached) or torch (PyTorch's own)"
@@ -40,6 +42,7 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
     budget: str = typer.Option("auto", "--budget", help=BUDGET_HELP),
     kernels: str = typer.Option("auto", "--kernels", help=KERNELS_HELP),
+    compile: str = typer.Option("auto", "--compile", help=COMPILE_HELP),
     datastore: Optional[List[str]] = typer.Option(None, "--datastore", help="datastore directory for rest/aded; "
                                                   "repeatable as METHOD=DIR, e.g. rest=DIR and aded=DIR"),
     window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default when unset)"),
@@ -53,7 +56,7 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
 ) -> None:
     """Benchmark methods side by side: tokens/s, speedup vs ar, accepted length, sigma, eta, identical outputs."""
-    from .common import parse_opts, quiet_libraries, user_errors
+    from .common import check_compile, parse_opts, quiet_libraries, user_errors
 
     with user_errors():
         from .. import api, bench as lib
@@ -65,7 +68,7 @@ def bench(
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
                               datastore=list(datastore or []), window=window, options=parse_opts(opt), threads=threads,
-                              budget=budget, kernels=kernels)
+                              budget=budget, kernels=kernels, compile=compile)
         cfg.methods = lib.method_list(cfg.methods)  # fail on a typo before loading anything
         from dataclasses import asdict
 
@@ -74,6 +77,7 @@ def bench(
         from ..errors import Interrupted
 
         parse_budget(budget)
+        check_compile(compile)
         if max_new_tokens < 1:
             raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         if window is not None and window < 1:

@@ -8,7 +8,8 @@ from typing import List, Optional
 import typer
 
 from ..errors import SpecdecError
-from .common import check_generation_args, parse_opts, quiet_libraries, read_prompts, user_errors
+from .common import (COMPILE_HELP, check_compile, check_generation_args, parse_opts, quiet_libraries, read_prompts,
+                     user_errors)
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +44,7 @@ def generate(
                                "paper (the method's paper settings) or N (the N draft tokens most likely accepted)"),
     kernels: str = typer.Option("auto", "--kernels", help="CPU linear kernels: auto (measured, cached) or torch"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
+    compile: str = typer.Option("auto", "--compile", help=COMPILE_HELP),
 ) -> None:
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
@@ -56,6 +58,7 @@ def generate(
         if save_adapted:
             options["save_adapted"] = save_adapted  # an aded option: refused for the other methods
         check_generation_args(max_new_tokens, window)
+        check_compile(compile)
         sampling = api.SamplingConfig(temperature, top_p, top_k).validate()
         if method not in api.METHODS:
             raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(api.METHODS)}")
@@ -74,12 +77,13 @@ def generate(
         target, draft_models = api.load(model, drafts, dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
         drafter = api.make_drafter(method, target, draft_models, datastore=datastore, window=window, options=options,
-                                   budget=budget)
+                                   budget=budget, compile=compile)
         for i, ids in enumerate(encoded):
             if i and not as_json:
                 print("\n---\n", flush=True)  # plain-text answers of a batch, told apart
             streamer = None if as_json else text_streamer(target.tokenizer)
             result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                             compile=compile,
                              on_tokens=streamer and (lambda new: streamer.put(torch.tensor(new))))  # noqa: B023
             if streamer:
                 streamer.end()

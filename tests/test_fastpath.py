@@ -1,0 +1,105 @@
+"""The static-cache path (``--compile static|on``; issue 13) on the CPU: same logits, same rollback, same outputs.
+
+The compiled variant of the same path is checked where compiling pays for its minutes: on a GPU
+(tests/test_gpu.py) and, on the CPU, once in the slow-marked test at the end.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec_cli import engine, fastpath
+from specdec_cli.decoding import Drafter, Draft, generate
+
+from conftest import tiny_gemma3, tiny_llama
+
+
+def chain_logits(model, tokens):
+    return engine.forward_chain(model, engine.new_cache(), tokens)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+@pytest.mark.parametrize("prefix_len", [9, 300])  # 300: a chunked prefill, and far past the sliding window
+def test_static_tree_forward_matches_chain_forward(make, prefix_len):
+    model = make(vocab=16)
+    rng = random.Random(prefix_len)
+    prefix = [rng.randrange(16) for _ in range(prefix_len)]
+    tokens, parents = [3, 5, 7, 5, 2, 9, 1], [-1, -1, 0, 0, 1, 3, 5]
+    cache = engine.new_cache(model, prefix_len + 16, fast="static")
+    assert isinstance(cache, fastpath.StaticCache)
+    engine.forward_chain(model, cache, prefix[:-1], keep=0)
+    assert engine.cache_len(cache) == prefix_len - 1
+    tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
+    assert tree.shape[0] == 1 + len(tokens)  # the bucket's padding rows are not returned
+    assert torch.allclose(tree[0], chain_logits(model, prefix)[-1], atol=1e-4)
+    for i in range(len(tokens)):
+        path, node = [], i
+        while node >= 0:
+            path.insert(0, tokens[node])
+            node = parents[node]
+        assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=1e-4), f"node {i}"
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_static_cache_rollback(make):
+    model = make(vocab=16)
+    prefix = [1, 2, 3, 4, 5, 6, 7]
+    cache = engine.new_cache(model, 64, fast="static")
+    engine.forward_chain(model, cache, prefix[:-1])
+    engine.forward_tree(model, cache, prefix[-1], [8, 9, 10, 11, 12], [-1, -1, 1, 2, 2])
+    engine.keep(cache, len(prefix) - 1, [0, 2, 3, 5])  # root -> node 1 -> node 2 -> node 4
+    assert engine.cache_len(cache) == len(prefix) + 3
+    after = engine.forward_chain(model, cache, [13])[-1]
+    assert torch.allclose(after, chain_logits(model, prefix + [9, 10, 12, 13])[-1], atol=1e-4)
+    engine.crop(cache, 4)
+    assert torch.allclose(engine.forward_chain(model, cache, [6])[-1], chain_logits(model, [1, 2, 3, 4, 6])[-1],
+                          atol=1e-4)
+
+
+class RandomTreeDrafter(Drafter):
+    """Random trees of random sizes (1..90 nodes: every bucket, padding included) -- most nodes rejected."""
+
+    name = "random-tree"
+
+    def propose(self, tokens, max_tokens):
+        rng = random.Random(len(tokens))
+        n = min(rng.randrange(0, 91), max_tokens)
+        parents = [rng.randrange(-1, i) for i in range(n)]
+        return Draft([rng.randrange(16) for _ in range(n)], parents)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_greedy_static_equals_eager(make):
+    model = make(vocab=16)
+    prompt = [random.Random(5).randrange(16) for _ in range(40)]
+    want = generate(model, prompt, Drafter(), max_new_tokens=60).tokens
+    for drafter in (Drafter(), RandomTreeDrafter()):
+        got = generate(model, prompt, drafter, max_new_tokens=60, fast="static").tokens
+        assert got == want
+    # the same static cache is reused (and emptied) for the next generation
+    assert generate(model, prompt[:20], Drafter(), max_new_tokens=30, fast="static").tokens == \
+        generate(model, prompt[:20], Drafter(), max_new_tokens=30).tokens
+
+
+def test_buckets():
+    assert [fastpath.bucket(n) for n in (1, 2, 3, 5, 64, 65, 128)] == [1, 2, 4, 8, 64, 128, 128]
+    with pytest.raises(ValueError):
+        fastpath.bucket(129)
+
+
+def test_sd_sampling_on_the_static_path_preserves_the_distribution():
+    from test_engine import sd_two_token_pvalue
+
+    assert sd_two_token_pvalue(tiny_llama(seed=0), tiny_llama(seed=1), n=600, fast="static") > 1e-3
+
+
+def test_compiled_path_on_cpu_equals_eager():
+    """torch.compile on the CPU (inductor): one tiny model, a few buckets -- same tokens as the eager loop."""
+    model = tiny_llama(vocab=16)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    want = generate(model, prompt, RandomTreeDrafter(), max_new_tokens=24).tokens
+    got = generate(model, prompt, RandomTreeDrafter(), max_new_tokens=24, fast="compiled").tokens
+    assert got == want
