@@ -6,7 +6,9 @@ The compiled variant of the same path is checked where compiling pays for its mi
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -96,6 +98,7 @@ def test_sd_sampling_on_the_static_path_preserves_the_distribution():
     assert sd_two_token_pvalue(tiny_llama(seed=0), tiny_llama(seed=1), n=600, fast="static") > 1e-3
 
 
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU code needs a C++ compiler")
 def test_compiled_path_on_cpu_equals_eager():
     """torch.compile on the CPU (inductor): one tiny model, a few buckets -- same tokens as the eager loop."""
     model = tiny_llama(vocab=16)
