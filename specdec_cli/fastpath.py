@@ -10,8 +10,10 @@ running them. The cure (gpt-fast) is to make every step's shapes static and repl
   simply never visible again. Sliding-window layers (Gemma-3) keep every row too: the window is in the mask.
 * :class:`StaticCache` -- the layers plus the forward: a step's query (the root and its draft nodes) is padded to
   the next bucket size (1, 2, 4, ... 128); the padded rows see only the prefix and themselves and their logits
-  are dropped. Token ids, positions and the mask are written into per-bucket buffers, so with ``compiled`` each
-  bucket is one captured graph (``torch.compile``, ``mode="reduce-overhead"`` on CUDA: CUDA graphs).
+  are dropped. Token ids, positions, the ancestor matrix and the prefix length reach the device in one copy of
+  one per-bucket buffer, and the masks are built from them inside the forward, so with ``compiled`` a step is
+  that copy, one add and the replay of the bucket's captured graph (``torch.compile``,
+  ``mode="reduce-overhead"`` on CUDA: CUDA graphs, whose memory is reserved once, at capture).
 * The prefill runs eager, in chunks (its length varies; its cost is one pass).
 
 The engine (:mod:`specdec_cli.engine`) sends ``forward_chain``/``forward_tree``/``keep``/``crop`` here when the
@@ -20,6 +22,7 @@ cache is a :class:`StaticCache`; decoding logic is unchanged, so every method ru
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -105,6 +108,7 @@ class StaticCache(Cache):
         self.mask_dtype = model.dtype
         self.columns = torch.arange(capacity, device=self.device)
         self.buffers: dict[int, dict] = {}
+        self.size_of: dict[int, int] = {}  # packed length -> bucket size
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         empty = torch.empty((1, kv_heads, 0, head_dim), dtype=model.dtype, device=self.device)
@@ -120,54 +124,69 @@ class StaticCache(Cache):
         for layer in self.layers:
             layer.reset()
 
-    def _forward(self, ids, pos, mask):
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self, use_cache=True)
+    def _forward(self, packed: torch.Tensor) -> torch.Tensor:
+        """One bucketed forward from one small tensor: ids, positions, the ancestor matrix and the prefix length
+        (see :meth:`_step`). The masks are built here, inside the compiled region, so a step is one copy to the
+        device, one add and one graph replay."""
+        size = self.size_of[packed.shape[0]]
+        ids, pos = packed[:size].unsqueeze(0), packed[size: 2 * size]
+        anc = packed[2 * size: 2 * size + size * size].view(size, size) != 0
+        mask = self._masks(packed[-1], anc, pos)
+        out = self.model(input_ids=ids, position_ids=pos.unsqueeze(0), attention_mask=mask, past_key_values=self,
+                         use_cache=True)
         return out.logits
 
-    def _buffers(self, size: int) -> dict:
-        if size not in self.buffers:
-            dev, dtype = self.device, self.mask_dtype
-            self.buffers[size] = {
-                "ids": torch.zeros((1, size), dtype=torch.long, device=dev),
-                "pos": torch.zeros((1, size), dtype=torch.long, device=dev),
-                "write_at": torch.zeros(size, dtype=torch.long, device=dev),
-                "mask": {t: torch.zeros((1, 1, size, self.capacity), dtype=dtype, device=dev) for t in self.layer_types},
-            }
-        return self.buffers[size]
-
-    def _masks(self, prefix_len: int, anc: torch.Tensor, q_pos: torch.Tensor, out: dict) -> None:
+    def _masks(self, prefix: torch.Tensor, anc: torch.Tensor, pos: torch.Tensor):
         """Additive masks [1, 1, rows, capacity]: the prefix (within the window for sliding layers) and each
         row's tree ancestors (itself included); everything else, the rows past the length included, masked."""
-        n = anc.shape[0]
-        k_pos = self.columns.clone()
-        k_pos[prefix_len: prefix_len + n] = q_pos
-        visible = torch.zeros((n, self.capacity), dtype=torch.bool, device=self.device)
-        visible[:, :prefix_len] = True
-        visible[:, prefix_len: prefix_len + n] = anc
+        size = anc.shape[0]
+        rel = self.columns - prefix  # column -> query row it holds (when in [0, size))
+        in_tree = (rel >= 0) & (rel < size)
+        row = rel.clamp(0, size - 1)
+        visible = (self.columns < prefix)[None, :] | (anc[:, row] & in_tree[None, :])
+        k_pos = torch.where(in_tree, pos[row], self.columns)
         neg = torch.finfo(self.mask_dtype).min
-        for kind, buf in out.items():
+        masks = {}
+        for kind in self.layer_types:
             allowed = visible
             if kind == "sliding_attention" and self.window:
-                allowed = visible & ((q_pos[:, None] - k_pos[None, :]) < self.window)
-            buf[0, 0].copy_(torch.where(allowed, 0.0, neg).to(self.mask_dtype))
+                allowed = visible & ((pos[:, None] - k_pos[None, :]) < self.window)
+            masks[kind] = torch.where(allowed, 0.0, neg).to(self.mask_dtype)[None, None]
+        return masks if len(masks) > 1 else masks[self.layer_types[0]]
+
+    def _buffers(self, size: int) -> dict:
+        """Per bucket: a host staging tensor and its device twin (ids, positions, ancestors, prefix length:
+        ``2 size + size^2 + 1`` int64), the write positions, and ``arange(size)``."""
+        if size not in self.buffers:
+            length = 2 * size + size * size + 1
+            cuda = self.device.type == "cuda"
+            buf = {"staging": torch.zeros(length, dtype=torch.long, pin_memory=cuda),
+                   "packed": torch.zeros(length, dtype=torch.long, device=self.device),
+                   "write_at": torch.zeros(size, dtype=torch.long, device=self.device),
+                   "offsets": torch.arange(size, device=self.device)}
+            if cuda:
+                for name in ("packed", "write_at"):
+                    torch._dynamo.mark_static_address(buf[name])
+            self.buffers[size], self.size_of[length] = buf, size
+        return self.buffers[size]
 
     def _step(self, tokens: list[int], anc: torch.Tensor, q_pos: list[int], size: int, run) -> torch.Tensor:
         n, prefix_len = len(tokens), self.length
         if prefix_len + size > self.capacity:
             raise ValueError(f"static cache of {self.capacity} rows is full")
         buf = self._buffers(size)
-        pad = size - n
-        padded_anc = torch.eye(size, dtype=torch.bool)
-        padded_anc[:n, :n] = anc
-        buf["ids"][0].copy_(torch.tensor(tokens + [0] * pad))
-        positions = torch.tensor(q_pos + [prefix_len] * pad)
-        buf["pos"][0].copy_(positions)
-        buf["write_at"].copy_(torch.arange(prefix_len, prefix_len + size))
-        self._masks(prefix_len, padded_anc.to(self.device), positions.to(self.device), buf["mask"])
+        stage = buf["staging"].numpy()
+        stage[:n], stage[n:size] = tokens, 0
+        stage[size: size + n], stage[size + n: 2 * size] = q_pos, prefix_len
+        square = np.eye(size, dtype=np.int64)  # padding rows see themselves (and the prefix) only
+        square[:n, :n] = anc.numpy()
+        stage[2 * size: 2 * size + size * size] = square.reshape(-1)
+        stage[-1] = prefix_len
+        buf["packed"].copy_(buf["staging"], non_blocking=True)
+        torch.add(buf["offsets"], buf["packed"][-1], out=buf["write_at"])
         for layer in self.layers:
             layer.write_at = buf["write_at"]
-        mask = buf["mask"] if len(self.layer_types) > 1 else buf["mask"][self.layer_types[0]]
-        logits = run(buf["ids"], buf["pos"], mask)
+        logits = run(buf["packed"])
         for layer in self.layers:
             layer.length = prefix_len + n
         return logits[0, :n]

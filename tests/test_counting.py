@@ -152,3 +152,26 @@ def test_store_without_index_files_and_corrupt_index(tmp_path):
     got = SuffixArrayDatastore.load(folder).retrieve(corpus[0][:5], 16, 10)
     assert got.match_count == want.match_count
     np.testing.assert_array_equal(got.continuations, want.continuations)
+
+
+def test_rest_context_source_leads_the_tree(tmp_path):
+    """With ``context`` on, the continuation of the tail's earlier occurrence in the request itself is the first
+    branch of rest's tree, even where the datastore knows something else; with it off, only the datastore."""
+    from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
+    from specdec_cli.methods.rest import RestDrafter
+    from specdec_cli.sampling import SamplingConfig
+
+    build_suffix_array_datastore([[1, 2, 3, 4], [7, 2, 3, 9, 9]], tmp_path / "ds", fingerprint="fp", vocab_size=20,
+                                 progress=False)
+    store = SuffixArrayDatastore.load(tmp_path / "ds")
+    prompt = [5, 2, 3, 11, 12, 13, 6, 2, 3]  # "2 3" occurs earlier in the request, followed by 11 12 13
+    for context, first in ((True, [11, 12, 13, 6]), (False, [4])):
+        drafter = RestDrafter(store, max_matches=10, context=context)
+        drafter.start(prompt, SamplingConfig(), None)
+        draft = drafter.propose(list(prompt), 4)
+        chain, node = [], 0
+        while node is not None:  # follow the first child from the root down
+            chain.append(draft.tokens[node])
+            node = next((i for i, p in enumerate(draft.parents) if p == node), None)
+        assert chain[: len(first)] == first
+        assert drafter.stats()["context_hits"] == int(context)

@@ -78,7 +78,11 @@ METHODS: dict[str, MethodInfo] = {
                                 "max_matches": Option(1000, "matches sampled from the match range", paper=5000),
                                 "verify": VERIFY,
                                 "memory": Option(0, "1: also draft from this run's earlier verified outputs"),
-                                "memory_weight": Option(8, "count of a remembered continuation in the trie")}),
+                                "memory_weight": Option(8, "count of a remembered continuation in the trie"),
+                                "context": Option(1, "1: also draft from this request's own prompt and output (the "
+                                                  "continuation of the tail's earlier occurrence, SuffixDecoding's "
+                                                  "per-request tree); 0: the datastore only, as in the paper",
+                                                  paper=0)}),
     "aded": MethodInfo("aded", datastore=True, help="ADED: tri-gram matrix + MCTS draft maker, adaptive updates",
                        datastore_kind="trigram",
                        options={"iterations": Option(150, "MCTS iterations per step"),
