@@ -16,8 +16,9 @@ from .datastore.search import njit
 
 
 @njit(cache=True, nogil=True)
-def _trie_from_sorted(rows):
-    """Nodes of the lexicographically sorted rows: (tokens, parents, counts, depths), depth by depth."""
+def _trie_from_sorted(rows, weights):
+    """Nodes of the lexicographically sorted rows, each row counted ``weights[i]`` times: (tokens, parents,
+    counts, depths), depth by depth."""
     k, length = rows.shape
     tokens = np.empty(k * length, dtype=np.int64)
     parents = np.empty(k * length, dtype=np.int64)
@@ -42,7 +43,7 @@ def _trie_from_sorted(rows):
                 path[d] = n
                 per_depth[d + 1] += 1
                 n += 1
-            counts[path[d]] += 1
+            counts[path[d]] += weights[i]
     for d in range(length):  # depth by depth, keeping depth-first order within a depth: (parent, token) order
         per_depth[d + 1] += per_depth[d]
     new_id = np.empty(n, dtype=np.int64)
@@ -62,14 +63,17 @@ def _trie_from_sorted(rows):
     return out_tokens, out_parents, out_counts, out_depths
 
 
-def count_arrays(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, parents, counts, depths) of every prefix of every row, depth by depth, (parent, token) within."""
+def count_arrays(rows: np.ndarray, weights: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, parents, counts, depths) of every prefix of every row, depth by depth, (parent, token) within.
+    ``weights``: how many times each row counts (default once) -- the same trie as repeating the rows."""
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     if rows.ndim != 2 or rows.shape[0] == 0 or rows.shape[1] == 0:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty, empty, empty
+    weights = np.ones(rows.shape[0], dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
     order = np.lexsort(_packed_columns(rows)[::-1])  # lexicographic; -1 (ended) sorts before any token
-    return _trie_from_sorted(rows[order])
+    return _trie_from_sorted(rows[order], weights[order])
 
 
 def _packed_columns(rows: np.ndarray) -> list[np.ndarray]:

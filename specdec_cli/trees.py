@@ -153,13 +153,15 @@ def _empty_trie() -> CountTrie:
     return CountTrie(*(np.empty(0, dtype=np.int64) for _ in range(4)))
 
 
-def count_trie(continuations: np.ndarray) -> CountTrie:
-    """Count every prefix of every continuation (rows of token ids, -1 padded): nodes depth by depth, ordered by
-    (parent, token) within a depth (compiled: :mod:`specdec_cli.counting`)."""
+def count_trie(continuations: np.ndarray, weights: np.ndarray | None = None) -> CountTrie:
+    """Count every prefix of every continuation (rows of token ids, -1 padded; row ``i`` counted ``weights[i]``
+    times, default once): nodes depth by depth, ordered by (parent, token) within a depth (compiled:
+    :mod:`specdec_cli.counting`)."""
     from .counting import count_arrays
 
-    tokens, parents, counts, depths = count_arrays(continuations)
-    total = int(continuations.shape[0]) if continuations.ndim == 2 else 0
+    tokens, parents, counts, depths = count_arrays(continuations, weights)
+    rows = int(continuations.shape[0]) if continuations.ndim == 2 else 0
+    total = rows if weights is None else int(np.sum(weights))
     return CountTrie(tokens, parents, counts, depths, total) if tokens.size else _empty_trie()
 
 

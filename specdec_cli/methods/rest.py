@@ -76,29 +76,35 @@ class RestDrafter(Drafter):
         length = min(self.cont_len, max_tokens)
         found = self.store.retrieve(tokens, self.n_max, length, self.max_matches)
         self.match_lengths.append(found.match_length)
-        rows = found.continuations
+        rows = [found.continuations.reshape(-1, length)]
+        weights = [np.ones(rows[0].shape[0], dtype=np.int64)]
         if self.memory is not None:
             size, remembered = self.memory.continuations(tokens, length)
             if remembered.size:  # the target's own earlier words outweigh the corpus's
                 self.memory_hits += 1
-                rows = np.concatenate([rows.reshape(-1, length), np.repeat(remembered, self.memory_weight, axis=0)])
+                rows.append(remembered)
+                weights.append(np.full(remembered.shape[0], self.memory_weight, dtype=np.int64))
         if self.index is not None:
-            rows = self._with_context(tokens, rows.reshape(-1, length), length)
-        return trees.top_by_count(trees.count_trie(rows), self.top_c).to_draft()
+            context = self._context_row(tokens, length)
+            if context is not None:
+                rows.append(context)
+                weights.append(np.array([CONTEXT_SHARE * max(rows[0].shape[0], 1)], dtype=np.int64))
+        trie = trees.count_trie(np.concatenate(rows), np.concatenate(weights))
+        return trees.top_by_count(trie, self.top_c).to_draft()
 
-    def _with_context(self, tokens: list[int], rows: np.ndarray, length: int) -> np.ndarray:
-        """Add the continuation of the tail's earlier occurrence in this very sequence (prompt + output so far):
-        counted ``CONTEXT_SHARE`` times as often as all the datastore's rows together (3/4 of the root's weight:
-        measured on HumanEval, SmolLM2: 1.26x ``ar`` at an equal share, 1.41x at 3x), so it is the first branch
-        and the datastore's continuations fill the rest of the tree. Scores stay frequency ratios; the budget
-        calibrates them against what the target accepts."""
+    def _context_row(self, tokens: list[int], length: int) -> np.ndarray | None:
+        """The continuation of the tail's earlier occurrence in this very sequence (prompt + output so far), as
+        one row. It counts ``CONTEXT_SHARE`` times as much as all the datastore's rows together (3/4 of the root's
+        weight: measured on HumanEval, SmolLM2: 1.26x ``ar`` at an equal share, 1.41x at 3x), so it is the first
+        branch and the datastore's continuations fill the rest of the tree. Scores stay frequency ratios; the
+        budget calibrates them against what the target accepts."""
         found, size = self.index.lookup(tokens, length, CONTEXT_MIN_NGRAM)
         if not found:
-            return rows
+            return None
         self.context_hits += 1
         row = np.full((1, length), -1, dtype=np.int64)
         row[0, : len(found)] = found
-        return np.concatenate([rows, np.repeat(row, CONTEXT_SHARE * max(rows.shape[0], 1), axis=0)])
+        return row
 
     def stats(self) -> dict:
         if not self.retrieval_s:
