@@ -28,12 +28,13 @@ class DraftModel:
         self.vocab_size = vocab_size  # the target's logit width; draft logits are cut/padded to it
         self._profile = None
         self.target_cache = None
+        self.fast, self.capacity = "off", kvcache.MIN_CAPACITY  # the target's engine path (use_target_cache)
         self.reset()
         if profiled:
             _ = self.profile
 
     def reset(self) -> None:
-        self.cache = engine.new_cache(self.model)
+        self.cache = engine.new_cache(self.model, self.capacity, fast=self.fast, slot="draft")
         self.seen: list[int] = []  # tokens whose keys/values are in the cache
         self.exact = 0  # how many of them hold the target's own keys/values (copied from its cache)
         self.fed = 0  # tokens fed by the last logits_after
@@ -42,7 +43,17 @@ class DraftModel:
         """Let a draft that is a copy of the target (``int8:``, ``bf16:``) take the keys/values of tokens the target
         has already processed from the target's cache -- the prompt and every accepted token -- instead of
         computing them itself: no draft prefill, no catch-up forward after steps that did not draft, and a draft
-        that conditions on the target's exact states. Verification is unchanged, so this is lossless."""
+        that conditions on the target's exact states. Verification is unchanged, so this is lossless.
+
+        Every draft model also follows the target onto the static (compiled) path when the target is on it
+        (:mod:`specdec_cli.fastpath`): a launch-bound eager draft would cost more than a compiled target step."""
+        from .fastpath import HEADROOM, StaticCache
+
+        fast = ("compiled" if cache.compiled else "static") if isinstance(cache, StaticCache) else "off"
+        if fast != self.fast:
+            self._profile = None  # forward times of the path this draft now runs on (measured when first needed)
+        self.fast = fast
+        self.capacity = cache.capacity - HEADROOM if isinstance(cache, StaticCache) else kvcache.MIN_CAPACITY
         if self.loaded.info.get("copy_of_target"):
             self.target_cache = cache
 
@@ -52,7 +63,7 @@ class DraftModel:
         if self._profile is None:
             from .hardware import profile_for
 
-            self._profile = profile_for(self.model)
+            self._profile = profile_for(self.model, fast=self.fast)
         return self._profile
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:

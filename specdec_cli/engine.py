@@ -28,12 +28,12 @@ from .trees import ancestor_matrix, depths, is_chain
 NO_ROWS = torch.empty(0, dtype=torch.long)
 
 
-def new_cache(model=None, capacity: int = kvcache.MIN_CAPACITY, fast: str = "off"):
+def new_cache(model=None, capacity: int = kvcache.MIN_CAPACITY, fast: str = "off", slot: str = "target"):
     """The KV cache for one generation: a growing one (eager, ``fast="off"``), or the model's static cache with
     bucketed forwards, eager (``"static"``) or compiled (``"compiled"``) -- :mod:`specdec_cli.fastpath`."""
     if fast == "off" or model is None:
         return kvcache.new_cache(model, capacity)
-    return fastpath.cache_for(model, capacity, compiled=fast == "compiled")
+    return fastpath.cache_for(model, capacity, compiled=fast == "compiled", slot=slot)
 
 
 def cache_len(cache) -> int:

@@ -31,6 +31,7 @@ from .trees import ancestor_matrix, depths
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PREFILL_CHUNK = 512
+HEADROOM = max(BUCKETS[-1], PREFILL_CHUNK)  # rows past the sequence that a padded step may write
 MIN_CAPACITY = 2048  # buffers grow by doubling from here: one set of compiled graphs serves many prompt lengths
 
 
@@ -82,6 +83,14 @@ class StaticLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:
         self.length = max(self.length + min(tokens_to_remove, 0), 0)
+
+    @torch.inference_mode()
+    def copy_from(self, other, start: int, end: int, dtype: torch.dtype | None = None) -> None:
+        """Make rows ``[start, end)`` those of ``other`` (another model's layer: a draft takes the target's
+        keys/values, see ``kvcache.copy_prefix``); the length becomes ``end``."""
+        self.keys[..., start:end, :] = other.keys[..., start:end, :]
+        self.values[..., start:end, :] = other.values[..., start:end, :]
+        self.length = end
 
     @torch.inference_mode()
     def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
@@ -193,13 +202,14 @@ class StaticCache(Cache):
 
     @torch.inference_mode()
     def forward_chain(self, tokens: list[int], keep: int | None = None) -> torch.Tensor:
-        """Like :func:`specdec_cli.engine.forward_chain`, always eager: the engine feeds chains here for prefills
-        (decoding steps come through :meth:`forward_tree`). Inputs longer than a bucket run in chunks of
-        ``PREFILL_CHUNK`` rows (the last one padded), so their buffers have a few fixed sizes too."""
+        """Like :func:`specdec_cli.engine.forward_chain`. Prefills (``keep=0``, or longer than a bucket) run eager,
+        in chunks of ``PREFILL_CHUNK`` rows (the last one padded), so their buffers have a few fixed sizes too;
+        a draft model's short chains that return logits go through the bucket's (compiled) forward."""
         if len(tokens) <= BUCKETS[-1]:
             anc = torch.ones((len(tokens), len(tokens)), dtype=torch.bool).tril()
             q_pos = list(range(self.length, self.length + len(tokens)))
-            logits = self._step(tokens, anc, q_pos, bucket(len(tokens)), self._forward).float()
+            run = self._forward if keep == 0 else self.run  # a draft model's steps replay graphs; prefills do not
+            logits = self._step(tokens, anc, q_pos, bucket(len(tokens)), run).float()
         else:
             parts = []
             for start in range(0, len(tokens), PREFILL_CHUNK):
@@ -237,18 +247,19 @@ def resolve(choice: str, model) -> str:
     return {"on": "compiled", "off": "off", "static": "static"}[choice]
 
 
-_POOL: dict[int, StaticCache] = {}
+_POOL: dict[tuple[int, str], StaticCache] = {}
 
 
-def cache_for(model, needed: int, compiled: bool = False) -> StaticCache:
+def cache_for(model, needed: int, compiled: bool = False, slot: str = "target") -> StaticCache:
     """The model's static cache, emptied, with room for ``needed`` rows plus the largest bucket. One cache per
-    model is kept (with its compiled graphs) and reused while it is large enough and of the same mode."""
+    model and ``slot`` (the target's, a draft's) is kept with its compiled graphs and reused while it is large
+    enough and of the same mode."""
     capacity = MIN_CAPACITY
-    while capacity < needed + max(BUCKETS[-1], PREFILL_CHUNK):
+    while capacity < needed + HEADROOM:
         capacity *= 2
-    cache = _POOL.get(id(model))
+    cache = _POOL.get((id(model), slot))
     if cache is None or cache.model is not model or cache.capacity < capacity or cache.compiled != compiled:
         cache = StaticCache(model, capacity, compiled)
-        _POOL[id(model)] = cache
+        _POOL[(id(model), slot)] = cache
     cache.reset()
     return cache

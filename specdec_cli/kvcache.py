@@ -127,12 +127,15 @@ class GrowingLayer(DynamicLayer):
 def copy_prefix(dst: Cache, src: Cache, start: int, end: int, dtype: torch.dtype | None = None) -> bool:
     """Copy entries ``[start, end)`` of every layer of ``src`` into ``dst`` (a cache of a model with the same
     layers, e.g. a quantized copy); returns False, copying nothing, when the layers do not match."""
-    if len(src.layers) != len(dst.layers) or not all(isinstance(d, GrowingLayer) for d in dst.layers):
+    if len(src.layers) != len(dst.layers) or not all(hasattr(d, "copy_from") for d in dst.layers):
         return False
     for d, s in zip(dst.layers, src.layers):
         if s.keys is None or s.keys.shape[-2] < end:
             return False
-        if d.is_initialized and (d._k.shape[:-2] != s.keys.shape[:-2] or d._k.shape[-1] != s.keys.shape[-1]):
+        buf = getattr(d, "_k", None) if isinstance(d, GrowingLayer) else d.keys  # a static layer: its whole buffer
+        if d.is_initialized and (buf.shape[:-2] != s.keys.shape[:-2] or buf.shape[-1] != s.keys.shape[-1]):
+            return False
+        if not isinstance(d, GrowingLayer) and end > buf.shape[-2]:
             return False
     for d, s in zip(dst.layers, src.layers):
         d.copy_from(s, start, end, dtype)

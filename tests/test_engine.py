@@ -120,6 +120,9 @@ class RandomChainDrafter(Drafter):
 
         self.inner = SpeculativeSampling(LoadedModel(draft_model, None, "tiny-draft", False), 8, k)
 
+    def use_target_cache(self, cache):
+        self.inner.use_target_cache(cache)
+
     def start(self, prompt, cfg, generator):
         self.inner.start(prompt, cfg, generator)
 

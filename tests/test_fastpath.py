@@ -106,3 +106,23 @@ def test_compiled_path_on_cpu_equals_eager():
     want = generate(model, prompt, RandomTreeDrafter(), max_new_tokens=24).tokens
     got = generate(model, prompt, RandomTreeDrafter(), max_new_tokens=24, fast="compiled").tokens
     assert got == want
+
+
+@pytest.mark.parametrize("copy_of_target", [False, True])
+def test_draft_models_follow_the_target_onto_the_static_path(copy_of_target):
+    """sd's draft model runs on its own static cache when the target does (taking the target's keys/values when
+    it is a copy of it); outputs equal the eager loop's."""
+    from specdec_cli.methods.sd import SpeculativeSampling
+    from specdec_cli.models import LoadedModel
+
+    target = tiny_llama(vocab=16, seed=0)
+    draft_model = tiny_llama(vocab=16, seed=0 if copy_of_target else 1)  # a copy: same weights, another object
+    loaded = LoadedModel(draft_model, None, "tiny-draft", False, info={"copy_of_target": copy_of_target})
+    prompt = [random.Random(9).randrange(16) for _ in range(30)]
+    want = generate(target, prompt, Drafter(), max_new_tokens=40).tokens
+    drafter = SpeculativeSampling(loaded, 16, 4)
+    got = generate(target, prompt, drafter, max_new_tokens=40, fast="static")
+    assert got.tokens == want
+    assert isinstance(drafter.dm.cache, fastpath.StaticCache) and drafter.dm.cache is not fastpath.cache_for(target, 1)
+    if copy_of_target:  # identical weights: every drafted token is accepted
+        assert got.summary()["accepted"] == got.summary()["drafted"] > 0
