@@ -34,7 +34,7 @@ class DraftModel:
             _ = self.profile
 
     def reset(self) -> None:
-        self.cache = engine.new_cache(self.model, self.capacity, fast=self.fast, slot="draft")
+        self.cache = engine.new_cache(self.model, self.capacity, fast=self.fast, slot=f"draft-{id(self)}")
         self.seen: list[int] = []  # tokens whose keys/values are in the cache
         self.exact = 0  # how many of them hold the target's own keys/values (copied from its cache)
         self.fed = 0  # tokens fed by the last logits_after
