@@ -15,6 +15,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
 
 
+def package_folder(module: str) -> Path | None:
+    """The folder of an installed package (found without importing it), or None when it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 @dataclass(frozen=True)
 class Alias:
     hub_id: str | None = None  # load from the hub (or the local HF cache)

@@ -1,8 +1,9 @@
-"""Writing a directory atomically: build it in a temporary sibling, then rename it into place.
+"""Writing atomically: a directory built in a temporary sibling and renamed into place (datastore builds, the
+GGUF conversion cache), and a file written next to itself and renamed (manifests, the caches of measurements).
 
-Used by the datastore builds and the GGUF conversion cache. The temporary sibling is ``.NAME.building-PID-*``;
-an interrupted writer leaves only that (nothing that looks finished), and the next writer next to it removes the
-leftovers of writers whose process is gone, never a live one's.
+A directory's temporary sibling is ``.NAME.building-PID-*``; an interrupted writer leaves only that (nothing that
+looks finished), and the next writer next to it removes the leftovers of writers whose process is gone, never a
+live one's.
 """
 
 from __future__ import annotations
@@ -61,3 +62,22 @@ def replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename (a reader sees the old file or the new one, never a part)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_cache(path: Path, text: str) -> None:
+    """:func:`write_text` for caches: a cache that cannot be written costs time next run, never this one."""
+    try:
+        write_text(path, text)
+    except OSError:
+        pass

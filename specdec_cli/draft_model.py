@@ -49,11 +49,12 @@ class DraftModel:
         (:mod:`specdec_cli.fastpath`): a launch-bound eager draft would cost more than a compiled target step."""
         from .fastpath import HEADROOM, StaticCache
 
-        fast = ("compiled" if cache.compiled else "static") if isinstance(cache, StaticCache) else "off"
+        static = isinstance(cache, StaticCache)
+        fast = ("compiled" if cache.compiled else "static") if static else "off"
         if fast != self.fast:
             self._profile = None  # forward times of the path this draft now runs on (measured when first needed)
         self.fast = fast
-        self.capacity = cache.capacity - HEADROOM if isinstance(cache, StaticCache) else kvcache.MIN_CAPACITY
+        self.capacity = cache.capacity - HEADROOM if static else kvcache.MIN_CAPACITY
         if self.loaded.info.get("copy_of_target"):
             self.target_cache = cache
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .atomic import write_cache
 
 POINTS = (1, 2, 3, 4, 6, 8, 16, 32)
 CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
@@ -97,14 +98,7 @@ def load(key: str) -> Profile | None:
 
 
 def save(profile: Profile) -> None:
-    path = _path(profile.key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(profile.to_json()))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_cache(_path(profile.key), json.dumps(profile.to_json()))
 
 
 def _tree(n_draft: int) -> list[int]:

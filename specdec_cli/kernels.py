@@ -35,6 +35,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .atomic import write_cache
+from .machine import available_bytes
+
 STRATEGIES = ("nt", "tn", "wt", "mkldnn")
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
@@ -204,24 +207,7 @@ def load_plans() -> dict:
 
 
 def save_plans(plans: dict) -> None:
-    path = _plan_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(plans, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a re-tune next time
-
-
-def available_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    write_cache(_plan_file(), json.dumps(plans, indent=1, sort_keys=True))  # read-only: a re-tune next time
 
 
 def plans_for(model, progress=None) -> dict[tuple[int, int], dict[int, str]]:

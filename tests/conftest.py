@@ -57,3 +57,20 @@ def tiny_gemma3(vocab: int = 16, seed: int = 0, window: int = 4):
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=window,
                            layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256)
     return Gemma3ForCausalLM(cfg).eval()
+
+
+def chain_logits(model, tokens):
+    """Logits of a plain chain forward over ``tokens`` on a fresh (growing, eager) cache."""
+    from specdec_cli import engine
+
+    return engine.forward_chain(model, engine.new_cache(), tokens)
+
+
+def assert_tree_rows_match_chains(model, prefix, tokens, parents, tree, atol):
+    """Row ``i + 1`` of a tree forward after ``prefix`` equals the last row of a chain over node ``i``'s path."""
+    for i in range(len(tokens)):
+        path, node = [], i
+        while node >= 0:
+            path.insert(0, tokens[node])
+            node = parents[node]
+        assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=atol), f"node {i}"

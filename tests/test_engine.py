@@ -13,12 +13,7 @@ from specdec_cli.decoding import Drafter, generate
 from specdec_cli.sampling import SamplingConfig, logits_to_probs
 from specdec_cli.verify import verify_rejection, verify_tree
 
-from conftest import tiny_gemma3, tiny_llama
-
-
-def chain_logits(model, tokens):
-    cache = engine.new_cache()
-    return engine.forward_chain(model, cache, tokens)
+from conftest import assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
@@ -34,13 +29,7 @@ def test_tree_forward_matches_chain_forward(make, windowed):
     engine.forward_chain(model, cache, prefix[:-1])
     tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
     assert torch.allclose(tree[0], chain_logits(model, prefix)[-1], atol=1e-5)
-    for i in range(len(tokens)):
-        path, node = [], i
-        while node >= 0:
-            path.insert(0, tokens[node])
-            node = parents[node]
-        expected = chain_logits(model, prefix + path)[-1]
-        assert torch.allclose(tree[i + 1], expected, atol=1e-5), f"node {i}"
+    assert_tree_rows_match_chains(model, prefix, tokens, parents, tree, atol=1e-5)
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])

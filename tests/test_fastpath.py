@@ -16,11 +16,7 @@ import torch
 from specdec_cli import engine, fastpath
 from specdec_cli.decoding import Drafter, Draft, generate
 
-from conftest import tiny_gemma3, tiny_llama
-
-
-def chain_logits(model, tokens):
-    return engine.forward_chain(model, engine.new_cache(), tokens)
+from conftest import assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
@@ -37,12 +33,7 @@ def test_static_tree_forward_matches_chain_forward(make, prefix_len):
     tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
     assert tree.shape[0] == 1 + len(tokens)  # the bucket's padding rows are not returned
     assert torch.allclose(tree[0], chain_logits(model, prefix)[-1], atol=1e-4)
-    for i in range(len(tokens)):
-        path, node = [], i
-        while node >= 0:
-            path.insert(0, tokens[node])
-            node = parents[node]
-        assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=1e-4), f"node {i}"
+    assert_tree_rows_match_chains(model, prefix, tokens, parents, tree, atol=1e-4)
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])

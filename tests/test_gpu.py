@@ -15,7 +15,7 @@ import torch
 
 from specdec_cli import api, engine
 
-from conftest import CHAT_PROMPTS, tiny_gemma3, tiny_llama
+from conftest import CHAT_PROMPTS, assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -28,10 +28,6 @@ def on_gpu(model):
     return model.to(CUDA)
 
 
-def chain_logits(model, tokens):
-    return engine.forward_chain(model, engine.new_cache(), tokens)
-
-
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
 def test_tree_forward_matches_chain_forward_on_gpu(make):
     model = on_gpu(make(vocab=16))
@@ -41,12 +37,7 @@ def test_tree_forward_matches_chain_forward_on_gpu(make):
     engine.forward_chain(model, cache, prefix[:-1])
     tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
     assert tree.device.type == "cuda"
-    for i in range(len(tokens)):
-        path, node = [], i
-        while node >= 0:
-            path.insert(0, tokens[node])
-            node = parents[node]
-        assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=1e-4), f"node {i}"
+    assert_tree_rows_match_chains(model, prefix, tokens, parents, tree, atol=1e-4)
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
@@ -132,12 +123,7 @@ def test_compiled_tree_forward_and_rollback_on_gpu(make):
     cache = engine.new_cache(model, 64, fast="compiled")
     engine.forward_chain(model, cache, prefix[:-1], keep=0)
     tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
-    for i in range(len(tokens)):
-        path, node = [], i
-        while node >= 0:
-            path.insert(0, tokens[node])
-            node = parents[node]
-        assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=1e-3), f"node {i}"
+    assert_tree_rows_match_chains(model, prefix, tokens, parents, tree, atol=1e-3)
     engine.keep(cache, len(prefix) - 1, [0, 1, 3])  # root -> node 0 -> node 2
     after = engine.forward_tree(model, cache, 13, [], [])[-1]
     assert torch.allclose(after, chain_logits(model, prefix + [3, 7, 13])[-1], atol=1e-3)

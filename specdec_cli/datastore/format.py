@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-from ..atomic import replace_dir
+from ..atomic import replace_dir, write_text
 from ..errors import SpecdecError
 
 FORMAT = "specdec-datastore"
@@ -76,10 +75,8 @@ def file_entry(path: Path) -> dict:
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    """Written last (after every data file is complete), via a temp file and os.replace."""
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+    """Written last (after every data file is complete), in one rename."""
+    write_text(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
 def check_out_dir(out: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecdecError
+from ..machine import available_bytes
 from . import format as fmt, search
 
 
@@ -33,17 +34,6 @@ class Shard:
             self.keys = search.sample_keys(self.data_u8, self.sa_i32, self.key_stride)
         self.keys = np.ascontiguousarray(self.keys, dtype=np.uint8)  # a few MB: held in memory, stays in cache
 
-    def match_range(self, query: bytes) -> tuple[int, int]:
-        """[lo, hi) of suffix-array entries whose suffix starts with ``query`` (token-aligned bytes)."""
-        lo, hi = search.indexed_range(self.data_u8, self.sa_i32, self.keys, self.key_stride,
-                                      np.frombuffer(query, dtype=np.uint8))
-        return int(lo), int(hi)
-
-    def longest_match(self, context: np.ndarray, width: int, n_max: int, min_k: int = 1) -> tuple[int, int, int]:
-        k, lo, hi = search.longest_match(self.data_u8, self.sa_i32, self.keys, self.key_stride, context, width,
-                                         n_max, min_k)
-        return int(k), int(lo), int(hi)
-
 
 @dataclass
 class Retrieval:
@@ -59,7 +49,8 @@ class SuffixArrayDatastore:
         self.folder, self.manifest, self.shards = folder, manifest, shards
         self.width = int(manifest["token_width"])
         self.separator = fmt.separator(self.width)
-        self._compiled = None  # the shards' arrays as the compiled retrieval takes them (built on first use)
+        self.arrays = search.shard_lists([s.data_u8 for s in shards], [s.sa_i32 for s in shards],
+                                         [s.keys for s in shards], [s.key_stride for s in shards])
 
     @classmethod
     def load(cls, folder: str | Path, fingerprint: str | None = None, verify: bool = False) -> "SuffixArrayDatastore":
@@ -92,26 +83,21 @@ class SuffixArrayDatastore:
     def encode(self, ids) -> bytes:
         return fmt.encode_tokens(list(ids), self.width).tobytes()
 
+    def tail(self, context: list[int], n_max: int) -> np.ndarray:
+        """The last ``n_max`` tokens of ``context`` as the searches take them (big-endian bytes)."""
+        return np.frombuffer(self.encode(context[-n_max:]) if n_max > 0 and context else b"", dtype=np.uint8)
+
     def longest_match(self, context: list[int], n_max: int) -> tuple[int, list[tuple[int, int]]]:
         """Longest suffix of ``context`` (at most ``n_max`` tokens) found in the datastore, and its ranges."""
-        tail = np.frombuffer(self.encode(context[-n_max:]) if n_max > 0 and context else b"", dtype=np.uint8)
-        found, n = [], 0
-        for shard in self.shards:  # each shard only looks for matches at least as long as the best so far
-            k, lo, hi = shard.longest_match(tail, self.width, n_max, max(n, 1))
-            found.append((k, lo, hi))
-            n = max(n, k)
+        n, found = search.longest_all(*self.arrays, self.tail(context, n_max), self.width, n_max)
         if n == 0:
             return 0, []
-        return n, [(lo, hi) if k == n else (0, 0) for k, lo, hi in found]
+        return int(n), [(int(lo), int(hi)) if k == n else (0, 0) for k, lo, hi in found.tolist()]
 
     def retrieve(self, context: list[int], n_max: int = 16, cont_len: int = 10, max_matches: int = 5000) -> Retrieval:
         """Continuations (up to ``max_matches``, evenly spread over the match range) of the longest match."""
-        tail = np.frombuffer(self.encode(context[-n_max:]) if n_max > 0 and context else b"", dtype=np.uint8)
-        if self._compiled is None:
-            self._compiled = search.shard_lists([s.data_u8 for s in self.shards], [s.sa_i32 for s in self.shards],
-                                                [s.keys for s in self.shards], [s.key_stride for s in self.shards])
-        n, total, rows = search.retrieve(*self._compiled, tail, self.width, n_max, max_matches, max(cont_len, 0),
-                                         self.separator)
+        n, total, rows = search.retrieve(*self.arrays, self.tail(context, n_max), self.width, n_max, max_matches,
+                                         max(cont_len, 0), self.separator)
         if n == 0 or cont_len < 1:
             return Retrieval(int(n), int(total), np.empty((0, max(cont_len, 0)), dtype=np.int64))
         return Retrieval(int(n), int(total), rows)
@@ -179,10 +165,5 @@ def _load_npy(folder: Path, name: str, populate: bool = False) -> np.ndarray:
 
 
 def fits_in_memory(nbytes: int, share: float = 0.5) -> bool:
-    """Whether ``nbytes`` is under ``share`` of the memory available now (Linux; False where unknown)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            info = dict(line.split(":", 1) for line in fh)
-        return nbytes < share * int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return False
+    """Whether ``nbytes`` is under ``share`` of the memory available now (False where that is unknown)."""
+    return nbytes < share * available_bytes()

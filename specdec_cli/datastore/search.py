@@ -169,10 +169,9 @@ def gather(data, sa, picks, skip, width, cont_len, separator, out, row0):
 
 
 @njit(cache=True, nogil=True)
-def retrieve(datas, sas, keys, strides, context, width, n_max, max_matches, cont_len, separator):
-    """All of one REST retrieval over every shard in one compiled call: the longest suffix of ``context`` found
-    in any shard, its total number of matches, and the continuations of up to ``max_matches`` of them spread
-    evenly over all shards' ranges (in shard order) -- ``(k, total, rows)``."""
+def longest_all(datas, sas, keys, strides, context, width, n_max):
+    """The longest suffix of ``context`` (at most ``n_max`` tokens) found in any shard: ``(k, found)`` with
+    ``found[s] = (k_s, lo, hi)`` per shard (only shards with ``k_s == k`` hold matches of that length)."""
     shards = len(datas)
     found = np.zeros((shards, 3), dtype=np.int64)
     best = 0
@@ -180,6 +179,16 @@ def retrieve(datas, sas, keys, strides, context, width, n_max, max_matches, cont
         k, lo, hi = longest_match(datas[s], sas[s], keys[s], strides[s], context, width, n_max, max(best, 1))
         found[s, 0], found[s, 1], found[s, 2] = k, lo, hi
         best = max(best, k)
+    return best, found
+
+
+@njit(cache=True, nogil=True)
+def retrieve(datas, sas, keys, strides, context, width, n_max, max_matches, cont_len, separator):
+    """All of one REST retrieval over every shard in one compiled call: the longest suffix of ``context`` found
+    in any shard, its total number of matches, and the continuations of up to ``max_matches`` of them spread
+    evenly over all shards' ranges (in shard order) -- ``(k, total, rows)``."""
+    shards = len(datas)
+    best, found = longest_all(datas, sas, keys, strides, context, width, n_max)
     total = 0
     for s in range(shards):
         if found[s, 0] == best and best > 0:

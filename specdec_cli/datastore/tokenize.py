@@ -21,6 +21,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from ..atomic import write_cache
+
 TASK_CHARS = 1 << 18  # text per task: large enough to amortize the hand-over, small enough to keep order cheap
 INFO_VERSION = 2  # bump when tokenizer_info's answer changes meaning (2: the Python-side replacement)
 PENDING_PER_WORKER = 64  # tasks queued ahead: workers keep tokenizing while the parent sorts a shard
@@ -45,22 +47,20 @@ def tokenizer_info(model: str) -> dict:
     with ProcessPoolExecutor(1, mp_context=_context(), initializer=_ignore_interrupts) as pool:
         info = pool.submit(_tokenizer_info, model).result()
     if path is not None:
-        _write_atomically(path, json.dumps(info))
+        write_cache(path, json.dumps(info))
     return info
 
 
 def _info_cache_path(model: str) -> Path | None:
     """Where ``model``'s tokenizer info is cached; None for hub ids (whose files we cannot stat cheaply)."""
-    import importlib.util
-
-    from ..aliases import ALIASES, cache_root
+    from ..aliases import ALIASES, cache_root, package_folder
 
     alias = ALIASES.get(model.lower())
     if alias is not None and alias.pypi_gguf:
-        spec = importlib.util.find_spec(alias.pypi_gguf)
-        if spec is None or not spec.submodule_search_locations:
+        folder = package_folder(alias.pypi_gguf)
+        if folder is None:
             return None
-        files = sorted(Path(list(spec.submodule_search_locations)[0]).iterdir())
+        files = sorted(folder.iterdir())
     elif alias is None and Path(model).expanduser().exists():
         path = Path(model).expanduser().resolve()
         files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
@@ -69,16 +69,6 @@ def _info_cache_path(model: str) -> Path | None:
     identity = "\n".join(f"{p.resolve()}|{p.stat().st_size}|{p.stat().st_mtime_ns}" for p in files if p.is_file())
     key = hashlib.sha256(f"{INFO_VERSION}\n{model}\n{identity}".encode()).hexdigest()[:20]
     return cache_root() / "tokenizers" / f"{key}.json"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a cache that cannot be written costs time, never the build
 
 
 def _tokenizer_info(model: str) -> dict:
