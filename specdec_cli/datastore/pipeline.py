@@ -70,7 +70,7 @@ def _token_documents(model: str, texts, max_tokens: int | None, workers: int):
 
     info = tokenizer_info(model)
     if info["backend"] is not None:
-        pool = ParallelTokenizer(info["backend"], workers, info.get("replace"))
+        pool = ParallelTokenizer(info["backend"], workers, info.get("replace"), info.get("pieces"))
         return info["fingerprint"], info["vocab_size"], pool.documents(texts, max_tokens), pool
     from ..models import load_tokenizer
 
