@@ -184,6 +184,7 @@ class PieceEncoder:
 
     def __init__(self, tokenizer, rule: dict, max_entries: int = MAX_ENTRIES):
         self.tokenizer, self.separator, self.separator_id = tokenizer, rule["separator"], rule["separator_id"]
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # tokenizers >= 0.21
         self.space_word = rule["kind"] == "space-word"
         self.pairs = pair_table(rule["pairs"])
         self.max_entries = max_entries
@@ -215,7 +216,7 @@ class PieceEncoder:
         if pieces > self.max_entries or cp.size > self.cp_store.size:  # larger than the whole table: in halves
             half = len(texts) // 2
             if half == 0:
-                return [np.asarray(self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)[0].ids,
+                return [np.asarray(self._encode_batch(texts, add_special_tokens=False)[0].ids,
                                    dtype=np.uint32)]
             return self.encode(texts[:half]) + self.encode(texts[half:])
         args = (cp, starts, self.slots, self.e_hash, self.e_cp, self.e_len, self.e_ids, self.cp_store, st)
@@ -242,7 +243,7 @@ class PieceEncoder:
         alone = [i for i, p in enumerate(pieces) if sep in p]
         parts: list = [None] * len(pieces)
         if plain:
-            joined = np.asarray(self.tokenizer.encode_batch_fast([sep.join(pieces[i] for i in plain)],
+            joined = np.asarray(self._encode_batch([sep.join(pieces[i] for i in plain)],
                                                                  add_special_tokens=False)[0].ids, dtype=np.uint32)
             seps = np.flatnonzero(joined == self.separator_id)
             if seps.size == len(plain) - 1:
@@ -251,7 +252,7 @@ class PieceEncoder:
             else:  # a piece's own ids hold the separator's id: not expected, but stay exact
                 alone = list(range(len(pieces)))
         if alone:
-            encoded = self.tokenizer.encode_batch_fast([pieces[i] for i in alone], add_special_tokens=False)
+            encoded = self._encode_batch([pieces[i] for i in alone], add_special_tokens=False)
             for i, e in zip(alone, encoded):
                 parts[i] = np.asarray(e.ids, dtype=np.uint32)
         lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
