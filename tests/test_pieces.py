@@ -162,3 +162,21 @@ def test_real_tokenizers_exact(model, package, kind):
     ours = Encoder(info["backend"], info["replace"], info["pieces"]).encode(texts)
     theirs = _plain(info["backend"], info["replace"], texts)
     assert [a.tolist() for a in ours] == [b.tolist() for b in theirs]
+
+
+def test_a_missing_pair_is_caught(backend):
+    """The comparison can see a wrong cut: with one needed pair left out of the rule, ids change."""
+    backend_json, replace = backend
+    if not replace:
+        pytest.skip("the pairs rule")
+    rule = piece_rule(backend_json)
+    space = ord(replace[1])
+    texts = _texts()
+    theirs = [a.tolist() for a in _plain(backend_json, replace, texts)]
+    needed = [key for key in rule["pairs"] if key & ((1 << 21) - 1) == space and chr(key >> 21) in "\"#'),.:="]
+    assert needed
+    changed = 0
+    for key in needed:
+        wrong = dict(rule, pairs=[k for k in rule["pairs"] if k != key])
+        changed += [a.tolist() for a in Encoder(backend_json, replace, wrong).encode(texts)] != theirs
+    assert changed > 0
