@@ -216,8 +216,7 @@ class PieceEncoder:
         if pieces > self.max_entries or cp.size > self.cp_store.size:  # larger than the whole table: in halves
             half = len(texts) // 2
             if half == 0:
-                return [np.asarray(self._encode_batch(texts, add_special_tokens=False)[0].ids,
-                                   dtype=np.uint32)]
+                return [np.asarray(self._encode_batch(texts, add_special_tokens=False)[0].ids, dtype=np.uint32)]
             return self.encode(texts[:half]) + self.encode(texts[half:])
         args = (cp, starts, self.slots, self.e_hash, self.e_cp, self.e_len, self.e_ids, self.cp_store, st)
         entries, fresh, first, fitted = _lookup(*args)
@@ -243,13 +242,13 @@ class PieceEncoder:
         alone = [i for i, p in enumerate(pieces) if sep in p]
         parts: list = [None] * len(pieces)
         if plain:
-            joined = np.asarray(self._encode_batch([sep.join(pieces[i] for i in plain)],
-                                                                 add_special_tokens=False)[0].ids, dtype=np.uint32)
+            joined = sep.join(pieces[i] for i in plain)
+            joined = np.asarray(self._encode_batch([joined], add_special_tokens=False)[0].ids, dtype=np.uint32)
             seps = np.flatnonzero(joined == self.separator_id)
             if seps.size == len(plain) - 1:
                 for i, part in zip(plain, np.split(joined, seps)):
                     parts[i] = part[1:] if part.size and part[0] == self.separator_id else part
-            else:  # a piece's own ids hold the separator's id: not expected, but stay exact
+            else:  # an added token across a piece and the separator: not expected, but stay exact
                 alone = list(range(len(pieces)))
         if alone:
             encoded = self._encode_batch([pieces[i] for i in alone], add_special_tokens=False)
