@@ -62,11 +62,10 @@ def piece_rule(backend_json: str) -> dict | None:
             or any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in added)):
         return None
     contents = [t.get("content") or "" for t in added]
-    separators = [t for t in added if t.get("content") == "\n"] + [
-        t for t in added if t.get("content") and sum(t["content"] in c for c in contents) == 1]  # in no other
-    if not separators:
+    separator = _separator(added, contents)
+    if separator is None:
         return None
-    rule = {"separator": separators[0]["content"], "separator_id": int(separators[0]["id"])}
+    rule = {"separator": separator["content"], "separator_id": int(separator["id"])}
     pre = spec.get("pre_tokenizer")
     if pre is None:
         return _pairs_rule(model, added, rule)
@@ -74,6 +73,14 @@ def piece_rule(backend_json: str) -> dict | None:
                "use_regex": True}:
         return dict(rule, kind="space-word", pairs=_adjacent_pairs(contents))
     return None
+
+
+def _separator(added: list[dict], contents: list[str]) -> dict | None:
+    """The added token ``"\n"``, else the first added token that no other added token contains."""
+    newline = next((t for t in added if t.get("content") == "\n"), None)
+    if newline is not None:
+        return newline
+    return next((t for t in added if t.get("content") and sum(t["content"] in c for c in contents) == 1), None)
 
 
 def _pairs_rule(model: dict, added: list[dict], rule: dict) -> dict | None:
@@ -184,7 +191,7 @@ class PieceEncoder:
 
     def __init__(self, tokenizer, rule: dict, max_entries: int = MAX_ENTRIES):
         self.tokenizer, self.separator, self.separator_id = tokenizer, rule["separator"], rule["separator_id"]
-        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # tokenizers >= 0.21
+        self._encode_batch = batch_encoder(tokenizer)
         self.space_word = rule["kind"] == "space-word"
         self.pairs = pair_table(rule["pairs"])
         self.max_entries = max_entries
@@ -257,6 +264,12 @@ class PieceEncoder:
         lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         return np.concatenate(parts) if parts else np.empty(0, np.uint32), offsets
+
+
+def batch_encoder(tokenizer):
+    """The backend's ``encode_batch_fast`` (tokenizers >= 0.21: no offsets, which cost a byte-to-character map
+    per text), else its ``encode_batch``."""
+    return getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
 
 def usable() -> bool:

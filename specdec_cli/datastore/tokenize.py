@@ -124,14 +124,15 @@ def python_normalized(backend_json: str) -> tuple[str | None, tuple[str, str] | 
 class Encoder:
     """A Rust tokenizer backend, with the replacement :func:`python_normalized` moved out of it (if any), and
     with a piece rule (:mod:`.pieces`) when the backend allows one: then pieces already seen are not encoded
-    again. ``encode_batch_fast`` (no offsets: tokenizers computes a byte-to-character map per text for them)."""
+    again."""
 
     def __init__(self, backend_json: str, replace: tuple[str, str] | None = None, pieces: dict | None = None):
         from tokenizers import Tokenizer
 
-        from .pieces import PieceEncoder, usable
+        from .pieces import PieceEncoder, batch_encoder, usable
 
         self.tokenizer, self.replace = Tokenizer.from_str(backend_json), replace
+        self.encode_batch = batch_encoder(self.tokenizer)
         self.pieces = PieceEncoder(self.tokenizer, pieces) if pieces is not None and usable() else None
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
@@ -140,8 +141,7 @@ class Encoder:
             texts = [text.replace(old, new) for text in texts]
         if self.pieces is not None:
             return self.pieces.encode(texts)
-        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
+        return [np.asarray(e.ids, dtype=np.uint32) for e in self.encode_batch(texts, add_special_tokens=False)]
 
 
 _BACKEND = None
