@@ -71,14 +71,20 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
     return ids
 
 
-def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), *, datastore: str | None = None,
+def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), *,
+                 datastore: str | list[str] | None = None,
                  window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto",
                  check: bool = True, compile: str = "auto") -> Drafter:
     """A drafter for ``method`` with its :class:`~specdec_cli.budget.Budget` (``auto``: priced with this machine's
-    measured forward times of ``target``, measured once and cached). ``check=False``: the caller has checked
+    measured forward times of ``target``, measured once and cached). ``datastore``: a folder, or for ``auto`` a list
+    of folders of any kinds. ``check=False``: the caller has checked
     ``options`` against several methods that share them (bench)."""
     mode = parse_budget(budget)
-    ctx = MethodContext(target, list(drafts), datastore, window, dict(options or {}), mode)
+    stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
+    if method != "auto" and len(stores) > 1:
+        raise SpecdecError(f"--method {method} takes one --datastore, got {len(stores)} (only auto takes several)")
+    ctx = MethodContext(target, list(drafts), None if method == "auto" else (stores or [None])[0], window,
+                        dict(options or {}), mode, datastores=stores if method == "auto" else [])
     if check:
         check_options([method], ctx.options)
     drafter = build_drafter(method, ctx)
@@ -88,7 +94,7 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
 
     fast = resolve(compile, target.model)
     profile = hardware.profile_for(target.model, progress=note, fast=fast) if mode == "auto" else None
-    drafter.budget = Budget(mode, profile)
+    drafter.budget = Budget(mode, profile, gate=drafter.gated_by_budget)
     return drafter
 
 

@@ -103,10 +103,15 @@ class Calibrator:
         tested_parents = {-1, *path}
         nodes = [i for i, p in enumerate(draft.parents) if p in tested_parents]
         dep = trees.depths(draft.parents)
-        d, s = self.cells([dep[i] for i in nodes], scores[nodes])
+        self.add([dep[i] for i in nodes], scores[nodes], [i in on_path for i in nodes])
+
+    def add(self, depths, scores, accepted) -> None:
+        """Nodes at ``depths`` with raw ``scores`` were tested; ``accepted`` says which passed."""
+        scores = np.clip(np.asarray(scores, dtype=np.float64), 0.0, 1.0)
+        d, s = self.cells(depths, scores)
         np.add.at(self.tested, (d, s), 1.0)
-        np.add.at(self.accepted, (d, s), np.array([i in on_path for i in nodes], dtype=np.float64))
-        self.raw_total += float(scores[nodes].sum())
+        np.add.at(self.accepted, (d, s), np.asarray(accepted, dtype=np.float64))
+        self.raw_total += float(scores.sum())
 
 
 @dataclass
@@ -119,8 +124,10 @@ class StepPlan:
 
 
 class Budget:
-    def __init__(self, mode: str | int = "auto", profile: Profile | None = None, *, draft_cost: bool = True):
+    def __init__(self, mode: str | int = "auto", profile: Profile | None = None, *, draft_cost: bool = True,
+                 gate: bool = True):
         self.mode = parse_budget(mode)
+        self.gate = gate  # False: never skip drafting (a drafter that gates its own costly parts: auto)
         self.profile = profile or Profile.flat()
         self.draft_cost = draft_cost  # count measured drafting time (greedy runs)
         self.calibrator = Calibrator()
@@ -156,17 +163,17 @@ class Budget:
     @property
     def drafting(self) -> bool:
         """Whether the next step will draft (model drafters skip their prompt prefill when it will not)."""
-        return not self.adaptive or self.skip <= 0
+        return not self.adaptive or self.skip <= 0 or not self.gate
 
     def draft_limit(self, room: int) -> int:
         """How many tokens this step may draft: a probe drafts little, so probing an expensive drafter is cheap."""
-        probing = self.adaptive and (self.drafted_steps == 0 or self.backoff > 1)
+        probing = self.adaptive and self.gate and (self.drafted_steps == 0 or self.backoff > 1)
         return min(room, PROBE_TOKENS) if probing else room
 
     def should_draft(self) -> bool:
         """False for a plain autoregressive step (drafting has not paid lately; probes come back off)."""
         self.steps += 1
-        if not self.adaptive or self.skip <= 0:
+        if not self.adaptive or self.skip <= 0 or not self.gate:
             return True
         self.skip -= 1
         self.gated += 1

@@ -47,6 +47,7 @@ class Drafter:
 
     name = "ar"
     _budget: Budget | None = None
+    gated_by_budget = True  # False: the budget never skips drafting (the drafter gates its own costly sources)
 
     @property
     def budget(self) -> Budget:

@@ -66,6 +66,7 @@ class Generation:
     drafted: int | None = None
     accepted: int | None = None
     draft_s: float | None = None
+    sources: dict | None = None  # auto: per draft source, nodes verified and accepted (methods.auto)
 
 
 Runner = Callable[[list[int], int], Generation]

@@ -35,7 +35,24 @@ def per_prompt_entry(g: Generation) -> dict:
     """One generation's raw counts: enough to re-aggregate records of several runs (``merge_records``)."""
     return {"prompt_id": g.prompt_id, "turn": g.turn, "new_tokens": len(g.tokens), "seconds": round(g.seconds, 6),
             "forwards": g.forwards, "emitted": g.emitted, "drafted": g.drafted, "accepted": g.accepted,
-            "draft_s": None if g.draft_s is None else round(g.draft_s, 6)}
+            "draft_s": None if g.draft_s is None else round(g.draft_s, 6),
+            **({"sources": g.sources} if g.sources is not None else {})}
+
+
+def source_totals(gens: list[Generation]) -> dict | None:
+    """Per draft source (``auto``), its counts summed over the generations, with accepted tokens per step."""
+    if all(g.sources is None for g in gens):
+        return None
+    out: dict[str, dict] = {}
+    for g in gens:
+        for name, row in (g.sources or {}).items():
+            acc = out.setdefault(name, {})
+            for key, value in row.items():
+                acc[key] = acc.get(key, 0) + value
+    for row in out.values():
+        steps = row.get("steps") or 0
+        row["draft_ms_per_step"] = round(1000 * row.get("draft_s", 0.0) / steps, 4) if steps else None
+    return out
 
 
 def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float | None,
@@ -63,6 +80,9 @@ def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float
         "mismatches": [],
         "per_prompt": [per_prompt_entry(g) for g in gens],
     }
+    sources = source_totals(gens)
+    if sources is not None:
+        row["sources"] = sources
     if reference is not None:
         row.update(identity_check(gens, reference))
     return row

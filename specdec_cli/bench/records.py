@@ -69,6 +69,14 @@ def git_commit() -> str | None:
     return commit if out.returncode == 0 and len(commit) == 40 else None
 
 
+def memory_setting(cfg: BenchConfig) -> dict | None:
+    """Whether ``auto``'s memory of earlier outputs was on, and whether it was kept across runs (``--memory``)."""
+    if "auto" not in cfg.methods:
+        return None
+    on = str(cfg.options.get("memory", "1")) != "0"
+    return {"on": on, "across_runs": bool(on and cfg.options.get("memory_dir")), "dir": cfg.options.get("memory_dir")}
+
+
 def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], device: str) -> dict:
     return {
         "schema": RECORD_SCHEMA,
@@ -79,6 +87,7 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
         "prompt_set": cfg.prompts,
         "num_prompts": len(prompts),
         "identity_checked": cfg.greedy,
+        "memory": memory_setting(cfg),
         "note": None if cfg.greedy else "temperature > 0: sampled outputs differ by design; identity check skipped",
         "results": results,
     }

@@ -18,10 +18,13 @@ from .records import make_record
 # --- runners ----------------------------------------------------------------------------------------------------
 
 
-def datastore_for(method: str, specs: list[str] | str | None) -> str | None:
-    """The datastore directory for ``method`` from ``--datastore`` values: ``METHOD=DIR`` wins over a bare DIR."""
+def datastore_for(method: str, specs: list[str] | str | None) -> str | list[str] | None:
+    """The datastore directory for ``method`` from ``--datastore`` values: ``METHOD=DIR`` wins over a bare DIR.
+    ``auto`` takes every ``auto=DIR`` (a list, any kinds)."""
     specs = [specs] if isinstance(specs, str) else list(specs or [])
     bare = [s for s in specs if "=" not in s or s.split("=", 1)[0] not in api.METHODS]
+    if method == "auto":
+        return [s.split("=", 1)[1] for s in specs if s not in bare and s.split("=", 1)[0] == "auto"]
     named = dict(s.split("=", 1) for s in specs if s not in bare)
     if len(bare) > 1:
         raise SpecdecError(f"several --datastore directories without a method name: {', '.join(bare)}; "
@@ -45,7 +48,8 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
         steps = result.steps
         return Generation(method, "", 0, list(result.tokens), result.total_s, forwards=len(steps),
                           emitted=sum(s.new_tokens for s in steps), drafted=sum(s.drafted for s in steps),
-                          accepted=sum(s.accepted for s in steps), draft_s=sum(s.draft_s for s in steps))
+                          accepted=sum(s.accepted for s in steps), draft_s=sum(s.draft_s for s in steps),
+                          sources=result.extra.get("sources"))
 
     return run
 

@@ -13,7 +13,7 @@ import typer
 
 from .common import COMPILE_HELP
 
-METHODS_HELP = ("comma-separated: ar, sd, self-verify, hsddw, rest, aded, ngram-trie, pld, and transformers' "
+METHODS_HELP = ("comma-separated: auto, ar, sd, self-verify, hsddw, rest, aded, ngram-trie, pld, and transformers' "
                 "baselines hf, hf-assisted (uses the first --draft), hf-pld, hf-static; ar is always included")
 BUDGET_HELP = ("draft budget of our methods: auto (verify what pays off on this machine, measured), paper (each "
                "paper's fixed settings) or N (the N draft tokens most likely accepted)")
@@ -28,7 +28,7 @@ def split_methods(methods: List[str]) -> list[str]:
 def bench(
     model: str = typer.Option("smollm2-135m", "--model", "-m", help="target model (alias, hub id or local path)"),
     draft: Optional[List[str]] = typer.Option(None, "--draft", "-d", help="draft model (repeatable; int8:, bf16: copies)"),
-    methods: List[str] = typer.Option(["ar"], "--methods", help=METHODS_HELP),
+    methods: List[str] = typer.Option(["ar,auto"], "--methods", help=METHODS_HELP),
     prompts: str = typer.Option("mt-bench", "--prompts", "-p", help=PROMPTS_HELP),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N prompts (after --category and --offset)"),
     offset: int = typer.Option(0, "--offset", help="skip the first N prompts (after --category): shard a long run"),
@@ -44,7 +44,10 @@ def bench(
     kernels: str = typer.Option("auto", "--kernels", help=KERNELS_HELP),
     compile: str = typer.Option("auto", "--compile", help=COMPILE_HELP),
     datastore: Optional[List[str]] = typer.Option(None, "--datastore", help="datastore directory for rest/aded; "
-                                                  "repeatable as METHOD=DIR, e.g. rest=DIR and aded=DIR"),
+                                                  "repeatable as METHOD=DIR, e.g. rest=DIR and aded=DIR; auto=DIR "
+                                                  "(repeatable, any kind) for auto"),
+    memory: Optional[str] = typer.Option(None, "--memory", help="auto: keep its memory of outputs in this folder "
+                                         "across runs (default: this run only, so runs are reproducible)"),
     window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default when unset)"),
     opt: Optional[List[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable)"),
     out: Optional[str] = typer.Option(None, "--out", help="append this run's record to a JSONL file (finished "
@@ -67,7 +70,9 @@ def bench(
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
-                              datastore=list(datastore or []), window=window, options=parse_opts(opt), threads=threads,
+                              datastore=list(datastore or []), window=window,
+                              options={**parse_opts(opt), **({"memory_dir": memory} if memory else {})},
+                              threads=threads,
                               budget=budget, kernels=kernels, compile=compile)
         cfg.methods = lib.method_list(cfg.methods)  # fail on a typo before loading anything
         from dataclasses import asdict

@@ -23,10 +23,14 @@ DRAFT_HELP = "draft model (repeat for hsddw: fast draft first, then the stronger
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="prompt text; omitted: read stdin"),
     model: str = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP),
-    method: str = typer.Option("ar", "--method", help="ar, sd, self-verify, hsddw, rest, aded, ngram-trie, pld"),
+    method: str = typer.Option("auto", "--method", help="auto (default: every draft source at once), ar, sd, "
+                               "self-verify, hsddw, rest, aded, ngram-trie, pld"),
     draft: Optional[List[str]] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     window: Optional[int] = typer.Option(None, "--window", "-k", help="draft window K (method default: sd 5, self-verify/hsddw 10)"),
-    datastore: Optional[str] = typer.Option(None, "--datastore", help="datastore directory (rest, aded)"),
+    datastore: Optional[List[str]] = typer.Option(None, "--datastore", help="datastore directory (rest, aded; auto "
+                                                  "takes several, of any kind)"),
+    memory: Optional[str] = typer.Option(None, "--memory", help="auto: keep the memory of outputs in this folder "
+                                         "across runs (default: this run only)"),
     opt: Optional[List[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable), see docs/"),
     save_adapted: Optional[str] = typer.Option(None, "--save-adapted", help="aded: save the adapted tri-gram matrix here"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
@@ -57,6 +61,8 @@ def generate(
         options = parse_opts(opt)
         if save_adapted:
             options["save_adapted"] = save_adapted  # an aded option: refused for the other methods
+        if memory:
+            options["memory_dir"] = memory  # an auto option: refused for the other methods
         check_generation_args(max_new_tokens, window)
         check_compile(compile)
         sampling = api.SamplingConfig(temperature, top_p, top_k).validate()
@@ -67,7 +73,8 @@ def generate(
         from ..methods import check_options, precheck_datastore
 
         check_options([method], options)
-        precheck_datastore(method, datastore)
+        stores = list(datastore or [])
+        precheck_datastore(method, stores)
         from ..bench import set_threads
         from ..budget import parse_budget
 
@@ -76,7 +83,7 @@ def generate(
         quiet_libraries()
         target, draft_models = api.load(model, drafts, dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
-        drafter = api.make_drafter(method, target, draft_models, datastore=datastore, window=window, options=options,
+        drafter = api.make_drafter(method, target, draft_models, datastore=stores, window=window, options=options,
                                    budget=budget, compile=compile)
         for i, ids in enumerate(encoded):
             if i and not as_json:

@@ -33,5 +33,30 @@ KINDS = {
     "trigram": Kind(build_trigram_datastore, TrigramMatrix.load, "aded"),
 }
 
-__all__ = ["KINDS", "Kind", "build_suffix_array_datastore", "build_trigram_datastore", "SuffixArrayDatastore",
+def store_kind(folder) -> str:
+    """The kind of the datastore in ``folder``, from its manifest (one clear error when it is none)."""
+    import json
+    from pathlib import Path
+
+    from ..errors import SpecdecError
+    from .format import FORMAT, MANIFEST
+
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("kind") not in KINDS:
+        raise SpecdecError(f"datastore {folder}: no readable specdec datastore manifest ({MANIFEST}); build one with "
+                           "`specdec build-datastore`")
+    return manifest["kind"]
+
+
+def open_store(folder, fingerprint: str | None = None, verify: bool = False):
+    """``(kind, store)`` for a datastore of any kind."""
+    kind = store_kind(folder)
+    return kind, KINDS[kind].load(folder, fingerprint=fingerprint, verify=verify)
+
+
+__all__ = ["store_kind", "open_store", "KINDS", "Kind", "build_suffix_array_datastore", "build_trigram_datastore", "SuffixArrayDatastore",
            "TrigramMatrix", "FORMAT_VERSION", "token_width"]

@@ -32,6 +32,7 @@ class MethodContext:
     options: dict[str, str] = field(default_factory=dict)  # --opt key=value, method-specific
     budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.budget)
     method: str = ""  # set by build_drafter: whose registered options ``opt`` reads
+    datastores: list = field(default_factory=list)  # auto: every --datastore (kinds told apart by their manifest)
 
     def opt(self, key: str):
         """The value of a registered option of this method: ``--opt key=value`` parsed, else its default."""
@@ -60,6 +61,20 @@ TAU0 = Option(INF, "initial entropy threshold; 0 = the paper's cold start, inf =
               float)
 
 METHODS: dict[str, MethodInfo] = {
+    "auto": MethodInfo("auto", help="the default: drafts from every source at once (this request's context, memory "
+                       "of earlier outputs, every --datastore, a --draft model's chain), one tree, the budget picks",
+                       options={"context": Option(1, "1: draft from this request's own prompt and output"),
+                                "memory": Option(1, "1: draft from earlier outputs of this run (--memory DIR: and "
+                                                 "of earlier runs)"),
+                                "memory_dir": Option("", "keep the memory in this folder across runs (--memory)",
+                                                     str),
+                                "memory_tokens": Option(262_144, "memory size bound; the oldest outputs are "
+                                                        "forgotten first"),
+                                "max_ngram": Option(8, "longest context n-gram matched"),
+                                "cont_len": Option(16, "deepest draft node"),
+                                "top_c": Option(32, "nodes kept from each source's frequency trie"),
+                                "max_nodes": Option(64, "nodes of the merged tree handed to the budget"),
+                                "model_window": Option(8, "longest draft-model chain (--window sets it too)")}),
     "ar": MethodInfo("ar", help="autoregressive decoding with the target alone (the baseline)"),
     "sd": MethodInfo("sd", drafts=1, help="speculative sampling with a draft model; chain length from the budget "
                      "(K=5 with --budget paper)"),
@@ -139,9 +154,20 @@ def build_drafter(method: str, ctx: MethodContext) -> Drafter:
     return module.build(ctx)
 
 
-def precheck_datastore(method: str, datastore: str | None) -> None:
+def precheck_datastore(method: str, datastore: str | list[str] | None) -> None:
     """Before any model loads: the method's ``--datastore`` exists, is of the right kind and is structurally
-    sound (the tokenizer check needs the model and comes later)."""
+    sound (the tokenizer check needs the model and comes later). ``auto`` takes any number, of any kind."""
+    if method == "auto":
+        from ..datastore import open_store
+
+        for folder in [datastore] if isinstance(datastore, str) else list(datastore or []):
+            open_store(folder)
+        return
+    if isinstance(datastore, list):
+        if len(datastore) > 1:
+            raise SpecdecError(f"--method {method} takes one --datastore, got {len(datastore)} (only auto takes "
+                               "several)")
+        datastore = datastore[0] if datastore else None
     info = METHODS.get(method)
     if info is None or not info.datastore:
         return

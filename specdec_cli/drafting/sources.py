@@ -1,0 +1,164 @@
+"""The draft sources ``auto`` merges. Each proposes a small tree of continuations of the sequence, scored with
+its own estimates, and reports a match-length bucket its estimates are calibrated in:
+
+* :class:`ContextSource` -- the request's own prompt and output so far (one :class:`NgramIndex`);
+* :class:`MemorySource` -- earlier outputs of this run, or of earlier runs with ``--memory DIR``;
+* :class:`SuffixArraySource` -- a ``rest`` datastore (suffix array), its longest-match continuations;
+* :class:`TrigramSource` -- an ``aded`` tri-gram store, expanded best-first (no MCTS: a few vectorised row reads),
+  adapted from the verified output as ADED does.
+
+Draft models are not a source of this kind: ``auto`` grows a model chain from the merged tree's most promising
+node (:mod:`specdec_cli.methods.auto`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import trees
+from ..trees import Draft
+from .ngram_index import NgramIndex
+from .output_memory import OutputMemory
+
+
+def bucket_of(n: int) -> int:
+    """Match lengths 0, 1, 2, 3-4, 5-8, 9+ as calibration buckets 0..5."""
+    return 0 if n <= 0 else 1 if n == 1 else 2 if n == 2 else 3 if n <= 4 else 4 if n <= 8 else 5
+
+
+def prior(n: int) -> float:
+    """How much a continuation after an ``n``-token match is trusted before any is verified (prompt lookup's
+    rule): the calibration of each (source, bucket) learns the real rate from there."""
+    return min(0.25 + 0.15 * n, 0.9)
+
+
+def rows_to_draft(rows: np.ndarray, top_c: int, trust: float = 1.0) -> Draft:
+    """A frequency trie of continuation rows, its ``top_c`` most frequent nodes, scored by frequency ratios times
+    ``trust``."""
+    if not rows.size:
+        return Draft()
+    draft = trees.top_by_count(trees.count_trie(rows), top_c).to_draft()
+    if trust != 1.0:
+        draft.scores = [s * trust for s in draft.scores]
+    return draft
+
+
+class Source:
+    name = "source"
+    cost_s = 5e-5  # what a proposal is assumed to cost where the clock is not read (sampled runs)
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+        raise NotImplementedError
+
+    def accept(self, tokens: list[int], new: int) -> None:
+        """``tokens`` gained ``new`` verified tokens."""
+
+    def stats(self) -> dict:
+        return {}
+
+
+class ContextSource(Source):
+    name = "context"
+
+    def __init__(self, max_n: int = 8, rows: int = 16, top_c: int = 32):
+        self.index = NgramIndex(range(1, max_n + 1), max_positions=rows)
+        self.rows, self.top_c = rows, top_c
+
+    def start(self, prompt: list[int]) -> None:
+        self.index.clear()
+        self.index.extend(list(prompt))
+
+    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+        self.index.follow(tokens)
+        n, rows = self.index.lookup(tokens, length, self.rows)
+        return rows_to_draft(rows, self.top_c, prior(n)), bucket_of(n)
+
+
+class MemorySource(Source):
+    name = "memory"
+
+    def __init__(self, memory: OutputMemory, rows: int = 32, top_c: int = 32):
+        self.memory, self.rows, self.top_c = memory, rows, top_c
+        self.prompt: list[int] | None = None
+        self.sequence: list[int] | None = None
+
+    def start(self, prompt: list[int]) -> None:
+        self.flush()
+        self.prompt, self.sequence = list(prompt), None
+
+    def flush(self) -> None:
+        """The generation that just ended joins the memory."""
+        if self.prompt is not None and self.sequence is not None:
+            self.memory.remember(self.prompt, self.sequence[len(self.prompt):])
+        self.prompt = self.sequence = None
+
+    def accept(self, tokens: list[int], new: int) -> None:
+        self.sequence = tokens
+
+    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+        n, rows = self.memory.continuations(tokens, length, self.rows)
+        return rows_to_draft(rows, self.top_c, prior(n)), bucket_of(n)
+
+    def stats(self) -> dict:
+        return {"memory_tokens": self.memory.num_tokens, "memory_sequences": len(self.memory.sequences)}
+
+
+class SuffixArraySource(Source):
+    name = "datastore"
+    cost_s = 5e-4
+
+    def __init__(self, store, n_max: int = 16, max_matches: int = 1000, top_c: int = 32):
+        self.store, self.n_max, self.max_matches, self.top_c = store, n_max, max_matches, top_c
+
+    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+        found = self.store.retrieve(tokens, self.n_max, length, self.max_matches)
+        rows = found.continuations.reshape(-1, length)
+        return rows_to_draft(rows, self.top_c, prior(found.match_length) / 2), bucket_of(found.match_length)
+
+
+class TrigramSource(Source):
+    name = "trigram"
+    cost_s = 3e-4
+
+    def __init__(self, matrix, max_depth: int = 4, width: int = 3, beam: int = 8, min_prob: float = 0.02,
+                 adapt: bool = True, increment: float = 0.1):
+        self.matrix, self.max_depth, self.width, self.beam, self.min_prob = matrix, max_depth, width, beam, min_prob
+        self.adapt, self.increment = adapt, increment
+
+    def start(self, prompt: list[int]) -> None:
+        self.matrix.clear_cache()
+        if self.adapt:
+            self.matrix.adjust(list(prompt), increment=self.increment)
+
+    def accept(self, tokens: list[int], new: int) -> None:
+        if self.adapt:
+            self.matrix.adjust(tokens[-(new + 2):], increment=self.increment)
+
+    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+        """Best-first by path probability, level by level: at most ``width`` children per node and ``beam``
+        nodes expanded per level, each scored with its tri-gram probability."""
+        out = Draft()
+        out.scores = []
+        vocab = self.matrix.vocab_size
+        prev = tokens[-2] if len(tokens) > 1 else tokens[-1]
+        frontier = [(-1, prev, tokens[-1], 1.0)]  # (node, a, b, path probability)
+        for _ in range(min(self.max_depth, length)):
+            offsets, ids, probs = self.matrix.gather(np.array([a * vocab + b for _, a, b, _ in frontier]))
+            grown = []
+            for f, (node, _, b, path) in enumerate(frontier):
+                lo, hi = int(offsets[f]), int(offsets[f + 1])
+                for j in (lo + np.argsort(-probs[lo:hi], kind="stable")[: self.width]).tolist():
+                    p = float(probs[j])
+                    if path * p < self.min_prob:
+                        break
+                    out.tokens.append(int(ids[j]))
+                    out.parents.append(node)
+                    out.scores.append(p)
+                    grown.append((len(out.tokens) - 1, b, int(ids[j]), path * p))
+            frontier = sorted(grown, key=lambda g: -g[3])[: self.beam]
+            if not frontier:
+                break
+        return out, 0

@@ -1,0 +1,236 @@
+"""``auto``: one drafter that drafts from every source it has at once -- the default method.
+
+Each step every source proposes a small tree of continuations (:mod:`specdec_cli.drafting.sources`): the
+request's own context, the memory of earlier outputs, every datastore given, and a draft model's greedy chain
+grown from the merged tree's most promising node. Identical paths from two sources become one node
+(:class:`~specdec_cli.drafting.union.UnionTree`); each node carries each source's calibrated acceptance estimate,
+and the engine's budget keeps the subtree worth its verification time. A source whose cost is not repaid by the
+tokens only it got accepted is gated (skipped for exponentially growing stretches, then probed again), so
+``auto`` is never meaningfully slower than ``ar``.
+
+Every draft is fixed before the target draws and verified by the exact tree walk (the draft model's chain is its
+greedy one), so the output is the target's: identical to ``ar`` when greedy, distributed as ``p_target`` when
+sampling. Statistics report, per source, the nodes verified and accepted (``sources``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..decoding import Draft, Drafter, Outcome
+from ..draft_model import DraftModel, confidence
+from ..drafting.output_memory import OutputMemory
+from ..drafting.sources import ContextSource, MemorySource, Source, SuffixArraySource, TrigramSource, rows_to_draft
+from ..drafting.union import SourceCalibration, UnionTree, best_subtree, normalise_siblings
+from ..errors import SpecdecError
+
+MODEL = "model"
+CONFIDENT = 0.7  # the model's chain starts below the tree's nodes this likely to be accepted
+WARMUP = 8  # steps before a costly source can be gated
+EMA = 0.2
+
+
+class Gate:
+    """Whether a costly source pays: the running net value (tokens only it got accepted, minus its time priced at
+    the method's current tokens per second) of the steps it ran; negative -> skipped for a stretch that doubles
+    with each losing probe."""
+
+    def __init__(self):
+        self.net, self.runs, self.skip, self.backoff, self.gated = 0.0, 0, 0, 1, 0
+
+    def open(self) -> bool:
+        if self.skip > 0:
+            self.skip -= 1
+            self.gated += 1
+            return False
+        return True
+
+    def record(self, only_accepted: int, cost_s: float, value: float) -> None:
+        net = only_accepted - value * cost_s
+        self.runs += 1
+        self.net = net if self.runs == 1 else (1 - EMA) * self.net + EMA * net
+        if self.net < 0 and self.runs >= WARMUP:
+            self.skip, self.backoff = self.backoff, min(2 * self.backoff, 4096)
+            self.runs = WARMUP - 1  # the probe after the stretch decides alone whether it pays again
+        elif self.net >= 0:
+            self.backoff = 1
+
+
+class AutoDrafter(Drafter):
+    name = "auto"
+    gated_by_budget = False  # its cheap sources cost ~0.1 ms; the costly ones have their own gates (Gate)
+
+    def __init__(self, sources: list[Source], models: list[DraftModel] = (), *, max_nodes: int = 64,
+                 cont_len: int = 16, window: int = 8, memory: OutputMemory | None = None,
+                 memory_dir: str | None = None, fingerprint: str = ""):
+        self.sources = list(sources)
+        self.models = list(models)
+        self.max_nodes, self.cont_len, self.window = max_nodes, cont_len, window
+        self.memory, self.memory_dir, self.fingerprint = memory, memory_dir, fingerprint
+        self.calibration = SourceCalibration()
+        self.gates = {s.name: Gate() for s in self.sources if s.cost_s > 1e-4}
+        if self.models:
+            self.gates[MODEL] = Gate()
+        self.totals: dict[str, dict[str, float]] = {}
+        self.union, self.kept, self.step_cost = UnionTree(), [], {}
+
+    # -- per generation -------------------------------------------------------------------------------------------
+
+    def start(self, prompt, cfg, generator) -> None:
+        super().start(prompt, cfg, generator)
+        if not cfg.greedy:  # a sampled generation starts from the sources' own estimates
+            self.calibration.reset()
+        for source in self.sources:
+            source.start(prompt)
+        for dm in self.models:
+            dm.prefill(prompt, now=self.budget.drafting and self.gates[MODEL].skip <= 0)
+        self.totals = {}
+
+    def use_target_cache(self, cache) -> None:
+        for dm in self.models:
+            dm.use_target_cache(cache)
+
+    def finish(self) -> None:
+        for source in self.sources:
+            if isinstance(source, MemorySource):
+                source.flush()
+        if self.memory is not None and self.memory_dir:
+            self.memory.save(self.memory_dir, self.fingerprint)
+
+    # -- drafting -------------------------------------------------------------------------------------------------
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        length = min(self.cont_len, max_tokens)
+        self.union, self.step_cost = UnionTree(), {}
+        if length < 1:
+            return Draft()
+        greedy = self.cfg.greedy
+        for source in self.sources:
+            gate = self.gates.get(source.name)
+            if gate is not None and not gate.open():
+                continue
+            t0 = time.perf_counter()
+            draft, bucket = source.propose(tokens, length)
+            self.union.add(draft, source.name, bucket)
+            self.step_cost[source.name] = time.perf_counter() - t0 if greedy else source.cost_s
+        cond = self.calibration.combined(self.union)
+        if self.models and self.gates[MODEL].open():
+            cond = self.grow_model_chain(tokens, cond, length)
+        draft, self.kept = best_subtree(self.union, normalise_siblings(self.union.parents, cond), self.max_nodes)
+        draft.cost_s = sum(self.step_cost.values())
+        return draft
+
+    def grow_model_chain(self, tokens: list[int], cond, length: int):
+        """The first draft model's greedy chain, from the end of the tree's confident path (the root when the tree
+        is not confident), for as long as the budget says one more draft-model forward pays."""
+        dm, union, budget = self.models[0], self.union, self.budget
+        node, path_prob = -1, 1.0
+        while True:
+            kids = [i for i, p in enumerate(union.parents) if p == node]
+            best = max(kids, key=lambda i: cond[i], default=None)
+            if best is None or cond[best] < CONFIDENT or union.depths[best] >= length:
+                break
+            node, path_prob = best, path_prob * cond[best]
+        depth = union.depths[node] if node >= 0 else 0
+        room = min(self.window, length - depth)
+        t0 = time.perf_counter()
+        logits = dm.logits_after(tokens + union.path(node))
+        cost = dm.profile(dm.fed)
+        chain, scores = [], []
+        cal = self.calibration.calibrator(MODEL, 0)
+        while len(chain) < room:
+            x, conf = int(logits.argmax()), confidence(logits)
+            chain.append(x)
+            scores.append(conf)
+            c = float(cal.estimate([depth + len(chain)], [conf])[0])
+            path_prob *= c
+            if len(chain) >= room or not budget.extend(path_prob, c, depth + len(chain), dm.profile(1)):
+                break
+            cost += dm.profile(1)
+            logits = dm.step(x)
+        union.add(Draft.chain(chain, scores=scores), MODEL, 0, under=node)
+        self.step_cost[MODEL] = time.perf_counter() - t0 if self.cfg.greedy else cost
+        return self.calibration.combined(union)  # nodes the chain merged into gained the model's estimate
+
+    # -- learning -------------------------------------------------------------------------------------------------
+
+    def accept(self, tokens: list[int], outcome: Outcome) -> None:
+        for source in self.sources:
+            source.accept(tokens, len(outcome.accepted) + 1)
+        verified = outcome.draft
+        if not len(verified):
+            for name, cost in self.step_cost.items():
+                self._record(name, 0, 0, 0, cost)
+            self.step_cost = {}
+            return
+        nodes = self.union.locate(verified)
+        on_path = set(outcome.path)
+        tested_parents = {-1, *outcome.path}
+        tested = [i for i, p in enumerate(verified.parents) if p in tested_parents]
+        self.calibration.observe(self.union, [nodes[i] for i in tested], [i in on_path for i in tested])
+        verified_by, accepted_by, only_by = {}, {}, {}
+        for i, node in enumerate(nodes):
+            names = self.union.raw[node]
+            for name in names:
+                verified_by[name] = verified_by.get(name, 0) + 1
+                if i in on_path:
+                    accepted_by[name] = accepted_by.get(name, 0) + 1
+                    if len(names) == 1:
+                        only_by[name] = only_by.get(name, 0) + 1
+        for name in set(self.step_cost) | set(verified_by):
+            self._record(name, verified_by.get(name, 0), accepted_by.get(name, 0), only_by.get(name, 0),
+                         self.step_cost.get(name, 0.0))
+        self.step_cost = {}
+
+    def _record(self, name: str, verified: int, accepted: int, only: int, cost_s: float) -> None:
+        row = self.totals.setdefault(name, {"steps": 0, "verified": 0, "accepted": 0, "accepted_only": 0,
+                                            "draft_s": 0.0})
+        row["steps"] += name in self.step_cost
+        row["verified"] += verified
+        row["accepted"] += accepted
+        row["accepted_only"] += only
+        row["draft_s"] += cost_s
+        gate = self.gates.get(name)
+        if gate is not None and name in self.step_cost:
+            gate.record(only, cost_s, self.budget.value)
+
+    def stats(self) -> dict:
+        sources = {}
+        for name, row in self.totals.items():
+            gate = self.gates.get(name)
+            sources[name] = {**{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()},
+                             "gated_steps": gate.gated if gate else 0}
+        return {"sources": sources}
+
+
+def build(ctx) -> Drafter:
+    from ..datastore import open_store
+
+    sources: list[Source] = []
+    if ctx.opt("context"):
+        sources.append(ContextSource(max_n=ctx.opt("max_ngram"), top_c=ctx.opt("top_c")))
+    memory = None
+    if ctx.opt("memory"):
+        memory_dir = ctx.opt("memory_dir") or None
+        size = ctx.opt("memory_tokens")
+        memory = (OutputMemory.load(memory_dir, ctx.target.fingerprint, ctx.target.vocab_size, size) if memory_dir
+                  else OutputMemory(size))
+        sources.append(MemorySource(memory, top_c=ctx.opt("top_c")))
+    elif ctx.opt("memory_dir"):
+        raise SpecdecError("--memory DIR needs the memory on (drop --opt memory=0)")
+    for folder in ctx.datastores:
+        kind, store = open_store(folder, ctx.target.fingerprint)
+        sources.append(SuffixArraySource(store, top_c=ctx.opt("top_c")) if kind == "suffix-array"
+                       else TrigramSource(store))
+    names = [s.name for s in sources]
+    for name in set(names):  # two stores of one kind: tell their statistics apart
+        if names.count(name) > 1:
+            for k, s in enumerate(x for x in sources if x.name == name):
+                s.name = f"{name}{k + 1}"
+    rows_to_draft(np.array([[1, 2, -1]]), 2)  # compiled code loaded (or compiled) now, not in the first step
+    models = [DraftModel(d, ctx.target.vocab_size, ctx.budget == "auto") for d in ctx.drafts[:1]]
+    return AutoDrafter(sources, models, max_nodes=ctx.opt("max_nodes"), cont_len=ctx.opt("cont_len"),
+                       window=ctx.window or ctx.opt("model_window"), memory=memory,
+                       memory_dir=memory_dir if memory is not None else None, fingerprint=ctx.target.fingerprint)
