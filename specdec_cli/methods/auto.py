@@ -39,6 +39,7 @@ class Gate:
 
     def __init__(self):
         self.net, self.runs, self.skip, self.backoff, self.gated = 0.0, 0, 0, 1, 0
+        self.probing = False
 
     def open(self) -> bool:
         if self.skip > 0:
@@ -50,10 +51,10 @@ class Gate:
     def record(self, only_accepted: int, cost_s: float, value: float) -> None:
         net = only_accepted - value * cost_s
         self.runs += 1
-        self.net = net if self.runs == 1 else (1 - EMA) * self.net + EMA * net
-        if self.net < 0 and self.runs >= WARMUP:
-            self.skip, self.backoff = self.backoff, min(2 * self.backoff, 4096)
-            self.runs = WARMUP - 1  # the probe after the stretch decides alone whether it pays again
+        probe, self.probing = self.probing or self.runs == 1, False
+        self.net = net if probe else (1 - EMA) * self.net + EMA * net  # a probe decides alone
+        if self.net < 0 and (self.runs >= WARMUP or (probe and self.backoff > 1)):
+            self.skip, self.backoff, self.probing = self.backoff, min(2 * self.backoff, 4096), True
         elif self.net >= 0:
             self.backoff = 1
 
