@@ -123,7 +123,7 @@ class TrigramSource(Source):
     name = "trigram"
     cost_s = 3e-4
 
-    def __init__(self, matrix, max_depth: int = 4, width: int = 3, beam: int = 8, min_prob: float = 0.02,
+    def __init__(self, matrix, max_depth: int = 3, width: int = 3, beam: int = 4, min_prob: float = 0.05,
                  adapt: bool = True, increment: float = 0.1):
         self.matrix, self.max_depth, self.width, self.beam, self.min_prob = matrix, max_depth, width, beam, min_prob
         self.adapt, self.increment = adapt, increment

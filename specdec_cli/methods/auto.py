@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from .. import trees
 from ..decoding import Draft, Drafter, Outcome
 from ..draft_model import DraftModel, confidence
 from ..drafting.output_memory import OutputMemory
@@ -28,6 +29,7 @@ from ..errors import SpecdecError
 
 MODEL = "model"
 CONFIDENT = 0.7  # the model's chain starts below the tree's nodes this likely to be accepted
+MODEL_BELOW = 1.0  # ... and only when the tree promises fewer extra tokens than this
 WARMUP = 8  # steps before a costly source can be gated
 EMA = 0.2
 
@@ -117,11 +119,19 @@ class AutoDrafter(Drafter):
             self.union.add(draft, source.name, bucket)
             self.step_cost[source.name] = time.perf_counter() - t0 if greedy else source.cost_s
         cond = self.calibration.combined(self.union)
-        if self.models and self.gates[MODEL].open():
+        if self.models and self.tree_promise(cond) < MODEL_BELOW and self.gates[MODEL].open():
             cond = self.grow_model_chain(tokens, cond, length)
         draft, self.kept = best_subtree(self.union, normalise_siblings(self.union.parents, cond), self.max_nodes)
         draft.cost_s = sum(self.step_cost.values())
         return draft
+
+    def tree_promise(self, cond) -> float:
+        """The tokens the merged tree's likeliest nodes are expected to add (a draft model is consulted only when
+        the cheap sources promise little: on this CPU a model chain costs as much as a target step or more)."""
+        if not len(self.union):
+            return 0.0
+        probs = trees.path_probs(self.union.parents, normalise_siblings(self.union.parents, cond))
+        return float(np.sort(probs)[::-1][:8].sum())
 
     def grow_model_chain(self, tokens: list[int], cond, length: int):
         """The first draft model's greedy chain, from the end of the tree's confident path (the root when the tree
@@ -171,21 +181,27 @@ class AutoDrafter(Drafter):
         tested_parents = {-1, *outcome.path}
         tested = [i for i, p in enumerate(verified.parents) if p in tested_parents]
         self.calibration.observe(self.union, [nodes[i] for i in tested], [i in on_path for i in tested])
-        verified_by, accepted_by, only_by = {}, {}, {}
+        verified_by, accepted_by, only_by, alone = {}, {}, {}, {}
         for i, node in enumerate(nodes):
             names = self.union.raw[node]
             for name in names:
                 verified_by[name] = verified_by.get(name, 0) + 1
+                if len(names) == 1:
+                    alone[name] = alone.get(name, 0) + 1
                 if i in on_path:
                     accepted_by[name] = accepted_by.get(name, 0) + 1
                     if len(names) == 1:
                         only_by[name] = only_by.get(name, 0) + 1
+        n, profile = len(verified), self.budget.profile
         for name in set(self.step_cost) | set(verified_by):
+            # what the source cost this step: its drafting, and verifying the nodes no other source proposed
+            extra = profile(n + 1) - profile(n - alone.get(name, 0) + 1)
             self._record(name, verified_by.get(name, 0), accepted_by.get(name, 0), only_by.get(name, 0),
-                         self.step_cost.get(name, 0.0))
+                         self.step_cost.get(name, 0.0), extra)
         self.step_cost = {}
 
-    def _record(self, name: str, verified: int, accepted: int, only: int, cost_s: float) -> None:
+    def _record(self, name: str, verified: int, accepted: int, only: int, cost_s: float,
+                verify_s: float = 0.0) -> None:
         row = self.totals.setdefault(name, {"steps": 0, "verified": 0, "accepted": 0, "accepted_only": 0,
                                             "draft_s": 0.0})
         row["steps"] += name in self.step_cost
@@ -195,7 +211,7 @@ class AutoDrafter(Drafter):
         row["draft_s"] += cost_s
         gate = self.gates.get(name)
         if gate is not None and name in self.step_cost:
-            gate.record(only, cost_s, self.budget.value)
+            gate.record(only, cost_s + verify_s, self.budget.value)
 
     def stats(self) -> dict:
         sources = {}
