@@ -4,7 +4,7 @@ Each step retrieves continuations of the longest matching suffix of the sequence
 builds a frequency trie of their prefixes and proposes its ``top_c`` most frequent nodes as a token tree. The
 engine verifies the tree exactly (greedy: the argmax path; sampling: the target's own draw at each node), so the
 output is the target's. Options (``n_max``, ``cont_len``, ``top_c``, ``max_matches``, ``verify``, ``memory``:
-drafts also from this drafter's earlier verified outputs, ``specdec_cli.memory``; ``context``: also from the
+drafts also from this drafter's earlier verified outputs, ``specdec_cli.drafting.output_memory``; ``context``: also from the
 request's own prompt and output, on by default and off with ``--budget paper``) and their defaults are
 declared once, in the registry ``specdec_cli.methods.METHODS`` (``specdec methods`` lists them).
 """
@@ -19,7 +19,7 @@ from .. import trees
 from ..datastore import SuffixArrayDatastore
 from ..decoding import Draft, Drafter
 from ..errors import SpecdecError
-from ..memory import OutputMemory
+from ..drafting.output_memory import OutputMemory
 from .pld import NgramIndex
 
 CONTEXT_NGRAM, CONTEXT_MIN_NGRAM = 3, 1  # prompt lookup's settings (transformers' prompt_lookup defaults)
@@ -129,7 +129,7 @@ def build(ctx) -> Drafter:
     store = SuffixArrayDatastore.load(ctx.datastore, fingerprint=ctx.target.fingerprint, verify=bool(ctx.opt("verify")))
     # REST samples up to 5,000 matches (the --budget paper default); with the budget choosing a few nodes, 1,000
     # give the same top counts at a fifth of the cost (docs/rest.md)
-    memory = OutputMemory() if ctx.opt("memory") else None
+    memory = OutputMemory(sizes=(4, 8, 12)) if ctx.opt("memory") else None  # matches of 4+ tokens, as before
     return RestDrafter(store, n_max=ctx.opt("n_max"), cont_len=ctx.opt("cont_len"), top_c=ctx.opt("top_c"),
                        max_matches=ctx.opt("max_matches"), memory=memory, memory_weight=ctx.opt("memory_weight"),
                        context=bool(ctx.opt("context")))
