@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
-from specdec_cli.memory import OutputMemory
+from specdec_cli.drafting.output_memory import OutputMemory
 from specdec_cli.mcts import MCTSConfig, reachable, run_mcts
 from specdec_cli.datastore import TrigramMatrix
 
@@ -77,7 +77,7 @@ def test_output_memory_finds_what_was_written():
     size, rows = mem.continuations([9, 1, 2, 3, 4], 3)
     assert size == 4 and rows.tolist() == [[5, 6, 7]]
     size, rows = mem.continuations([5, 6, 7, 8], 3)  # nothing after the end of a sequence
-    assert size == 4 and rows.size == 0
+    assert size == 0 and rows.size == 0
     assert mem.continuations([0, 0, 0, 0], 3)[0] == 0
 
 
