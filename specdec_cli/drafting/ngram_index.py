@@ -18,24 +18,33 @@ SEPARATOR = -1
 
 
 class NgramIndex:
+    """Per n-gram length: the last end position of each n-gram (a dict of ints, keyed by the n-gram's hash) and,
+    per position, the previous end position of the same n-gram: occurrences are a linked list through a flat list.
+    No per-n-gram container: the garbage collector has nothing to walk however long the buffer grows (lists per
+    n-gram made multi-millisecond collection pauses). A lookup checks the tokens it matched, so a hash collision
+    costs a probe, never a wrong continuation."""
+
     def __init__(self, sizes=tuple(range(1, 9)), max_positions: int = 16):
         self.sizes = tuple(sorted(set(int(n) for n in sizes)))
-        self.max_positions = max_positions
+        self.max_positions = max_positions  # occurrences walked per lookup
         self.clear()
 
     def clear(self) -> None:
         self.tokens: list[int] = []
         self.last_separator = -1
-        self.positions: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after it, oldest first
+        self.last: dict[int, dict[int, int]] = {n: {} for n in self.sizes}  # n -> hash -> end position
+        self.prev: dict[int, list[int]] = {n: [-1] for n in self.sizes}  # n -> end position -> previous one
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def extend(self, new: list[int]) -> None:
         """Append tokens (``-1`` separates sequences) and index the n-grams that end in them."""
-        buf, index, cap = self.tokens, self.positions, self.max_positions
+        buf = self.tokens
         start = len(buf)
         buf.extend(new)
+        for n in self.sizes:
+            self.prev[n].extend([-1] * len(new))
         for i in range(start, len(buf)):
             if buf[i] == SEPARATOR:
                 self.last_separator = i
@@ -44,14 +53,10 @@ class NgramIndex:
                 j = i - n + 1
                 if j <= self.last_separator:  # j < 0 too: the buffer starts after a virtual separator at -1
                     break
-                key = tuple(buf[j: i + 1])
-                found = index.get(key)
-                if found is None:
-                    index[key] = [i + 1]
-                else:
-                    found.append(i + 1)
-                    if len(found) > cap:
-                        del found[0]
+                key = hash(tuple(buf[j: i + 1]))
+                last = self.last[n]
+                self.prev[n][i + 1] = last.get(key, -1)
+                last[key] = i + 1
 
     def follow(self, tokens: list[int]) -> None:
         """Keep the buffer equal to ``tokens``, a list that only grows (the engine's sequence)."""
@@ -67,10 +72,15 @@ class NgramIndex:
         for n in reversed(self.sizes):
             if n > len(context) or n < min_n:
                 continue
-            found = self.positions.get(tuple(context[len(context) - n:]))
-            if not found:
-                continue
-            starts = [p for p in reversed(found) if p < end and buf[p] != SEPARATOR][:max_rows]
+            tail = context[len(context) - n:]
+            p = self.last[n].get(hash(tuple(tail)), -1)
+            starts: list[int] = []
+            walked = 0
+            while p >= 0 and len(starts) < max_rows and walked < self.max_positions:
+                walked += 1
+                if p < end and buf[p] != SEPARATOR and buf[p - n: p] == tail:
+                    starts.append(p)
+                p = self.prev[n][p]
             if not starts:
                 continue
             rows = np.full((len(starts), length), SEPARATOR, dtype=np.int64)

@@ -110,7 +110,7 @@ class SuffixArraySource(Source):
     name = "datastore"
     cost_s = 5e-4
 
-    def __init__(self, store, n_max: int = 16, max_matches: int = 1000, top_c: int = 32):
+    def __init__(self, store, n_max: int = 16, max_matches: int = 256, top_c: int = 32):
         self.store, self.n_max, self.max_matches, self.top_c = store, n_max, max_matches, top_c
 
     def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
@@ -130,16 +130,23 @@ class TrigramSource(Source):
 
     def start(self, prompt: list[int]) -> None:
         self.matrix.clear_cache()
-        if self.adapt:
-            self.matrix.adjust(list(prompt), increment=self.increment)
+        self.learnt = 0  # tokens of the sequence whose tri-grams the matrix has learnt
+        self.pending: list[int] | None = list(prompt) if self.adapt else None
 
     def accept(self, tokens: list[int], new: int) -> None:
         if self.adapt:
-            self.matrix.adjust(tokens[-(new + 2):], increment=self.increment)
+            self.pending = tokens  # learnt when next consulted: a gated source costs nothing per step
+
+    def learn(self) -> None:
+        """ADED's Algorithm 2 over the tri-grams that end in tokens not learnt yet (each counted once)."""
+        if self.pending is not None and len(self.pending) > self.learnt:
+            self.matrix.adjust(self.pending[max(self.learnt - 2, 0):], increment=self.increment)
+            self.learnt = len(self.pending)
 
     def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
         """Best-first by path probability, level by level: at most ``width`` children per node and ``beam``
         nodes expanded per level, each scored with its tri-gram probability."""
+        self.learn()
         out = Draft()
         out.scores = []
         vocab = self.matrix.vocab_size
