@@ -51,6 +51,7 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
                           accepted=sum(s.accepted for s in steps), draft_s=sum(s.draft_s for s in steps),
                           sources=result.extra.get("sources"))
 
+    run.drafter = drafter  # finished after the last prompt (auto saves its --memory then)
     return run
 
 
@@ -224,6 +225,9 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
                 progress.update(i, method, gens, resumed=saved is not None)
     finally:
         progress.close()
+    for runner in runners.values():
+        if hasattr(runner, "drafter"):
+            runner.drafter.finish()
     return generations
 
 
