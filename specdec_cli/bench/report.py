@@ -38,11 +38,24 @@ def title(record: dict) -> str:
             f" | {record['machine']['device']}")
 
 
+def source_lines(record: dict) -> list[str]:
+    """One line per method that drafts from several sources (auto): accepted tokens per source."""
+    out = []
+    for r in record["results"]:
+        if r.get("sources"):
+            parts = [f"{name} {row['accepted']}/{row['verified']}" + (f" (gated {row['gated_steps']})"
+                                                                      if row.get("gated_steps") else "")
+                     for name, row in r["sources"].items()]
+            out.append(f"{r['method']} accepted/verified by source: {', '.join(parts)}")
+    return out
+
+
 def plain_table(record: dict) -> str:
     """Aligned plain text (for pipes, logs and cron mail)."""
     rows = [COLUMNS] + table_rows(record)
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [title(record)] + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += source_lines(record)
     if record.get("note"):
         lines.append(f"note: {record['note']}")
     return "\n".join(lines)
@@ -70,6 +83,8 @@ def print_table(record: dict, terminal: bool, file=None) -> None:
         table.add_row(*row, style=style)
     console = Console(file=file, force_terminal=True)
     console.print(table)
+    for line in source_lines(record):
+        console.print(line)
     if record.get("note"):
         console.print(f"note: {record['note']}")
 
