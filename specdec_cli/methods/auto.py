@@ -77,7 +77,7 @@ class AutoDrafter(Drafter):
         if self.models:
             self.gates[MODEL] = Gate()
         self.totals: dict[str, dict[str, float]] = {}
-        self.union, self.kept, self.step_cost = UnionTree(), [], {}
+        self.union, self.step_cost = UnionTree(), {}
 
     # -- per generation -------------------------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ class AutoDrafter(Drafter):
         cond = self.calibration.combined(self.union)
         if self.models and self.tree_promise(cond) < MODEL_BELOW and self.gates[MODEL].open():
             cond = self.grow_model_chain(tokens, cond, length)
-        draft, self.kept = best_subtree(self.union, normalise_siblings(self.union.parents, cond), self.max_nodes)
+        draft, _ = best_subtree(self.union, normalise_siblings(self.union.parents, cond), self.max_nodes)
         draft.cost_s = sum(self.step_cost.values())
         return draft
 
