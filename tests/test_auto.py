@@ -185,7 +185,11 @@ STEEP = Profile([1, 2, 3, 4, 8], [1.0, 1.02, 1.04, 1.06, 1.2])  # verification n
 def test_auto_sampling_is_exact(cfg):
     """The first two emitted tokens follow the warped p_target: a draft tree from context, memory and a model
     chain, cut by the budget, verified by the tree walk. Draws below the root count (the second position is
-    accepted from the tree in a large share of the runs, asserted)."""
+    accepted from the tree in a large share of the runs, asserted).
+
+    Mutation checks (planted by hand in ``verify.verify_tree``, each made this test fail): top-k / top-p ignored
+    below the root (the top-k and top-p cases fail); a node below the root drawing a child uniformly instead of
+    from the target (all three cases fail)."""
     n = 1200
     counts, expected, below_root = two_token_counts(tiny_auto(Budget("auto", STEEP)), cfg, n)
     assert below_root > n // 10
