@@ -66,8 +66,12 @@ def contexts(tokenizer, prompt_set: str, limit: int | None, steps: int, context:
     return out
 
 
-def bench_drafter(drafter, cases, max_tokens: int) -> dict:
-    """Time ``propose`` over the cases (one ``start`` per case, one growing context list per case)."""
+def bench_drafter(drafter, cases, max_tokens: int, learn: bool = False) -> dict:
+    """Time ``propose`` over the cases (one ``start`` per case, one growing context list per case).
+
+    ``learn`` (``auto``): time the budget's selection too (the loop counts it as drafting), and hand the drafter
+    what a target that wrote exactly the prompt's text would have accepted of the selected draft, so calibration
+    and gates run as they do while decoding."""
     from .sampling import SamplingConfig
 
     cfg = SamplingConfig()
@@ -79,8 +83,12 @@ def bench_drafter(drafter, cases, max_tokens: int) -> dict:
             tokens.extend(seq[len(tokens): cut])
             t0 = time.perf_counter()
             draft = drafter.propose(tokens, max_tokens)
+            if learn:
+                draft = drafter.budget.select(draft).draft
             seconds.append(time.perf_counter() - t0)
             sizes.append(len(draft))
+            if learn:
+                teach(drafter, tokens, draft, seq[cut: cut + max_tokens + 1])
     ms = np.asarray(seconds) * 1000
     sizes = np.asarray(sizes)
     return {"steps": int(ms.size), "ms_median": float(np.median(ms)), "ms_p90": float(np.percentile(ms, 90)),
@@ -88,23 +96,53 @@ def bench_drafter(drafter, cases, max_tokens: int) -> dict:
             "found": float((sizes > 0).mean()), "draft_tokens_mean": float(sizes.mean())}
 
 
-def run(method: str, model: str, *, datastore: str | None, prompt_set: str, limit: int | None, steps: int,
+def teach(drafter, tokens: list[int], draft, truth: list[int]) -> None:
+    """``drafter.accept`` with the path of ``draft`` that ``truth`` (the text's own continuation) follows."""
+    from .decoding import Outcome
+    from .trees import children
+
+    kids, path, node = children(draft.tokens, draft.parents), [], -1
+    for tok in truth[:-1]:
+        node = kids.get(node, {}).get(tok)
+        if node is None:
+            break
+        path.append(node)
+    accepted = [draft.tokens[i] for i in path]
+    nxt = truth[len(path)] if len(path) < len(truth) else 0
+    drafter.accept(tokens + accepted + [nxt], Outcome(draft, path, accepted, nxt))
+
+
+def run(method: str, model: str, *, datastore: str | list[str] | None, prompt_set: str, limit: int | None, steps: int,
         context: int | None, options: dict, max_tokens: int = 16) -> dict:
     from .methods import MethodContext, build_drafter
     from .models import load_tokenizer
 
-    if method not in ("rest", "aded", "pld", "ngram-trie"):
-        raise SpecdecError(f"bench-drafting times drafters that need no model: rest, aded, pld, ngram-trie; got {method!r}")
+    if method not in ("auto", "rest", "aded", "pld", "ngram-trie"):
+        raise SpecdecError("bench-drafting times drafters that need no model: auto, rest, aded, pld, ngram-trie; "
+                           f"got {method!r}")
+    stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
+    if method != "auto" and len(stores) > 1:
+        raise SpecdecError(f"--method {method} takes one --datastore (only auto takes several)")
     tokenizer = load_tokenizer(model)
     target = TokenizerOnly(tokenizer, model, frozenset([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None
                                                        else []))
-    drafter = build_drafter(method, MethodContext(target, [], datastore, None, dict(options), "paper"))
+    learn = method == "auto"
+    ctx = MethodContext(target, [], None if learn else (stores or [None])[0], None, dict(options),
+                        "auto" if learn else "paper", datastores=stores if learn else [])
+    drafter = build_drafter(method, ctx)
+    if learn:  # priced like a 50 ms target step whose cost grows 5% per extra token (timing the selection)
+        from .budget import Budget
+        from .hardware import Profile
+
+        drafter.budget = Budget("auto", Profile([1, 64], [0.05, 0.05 * (1 + 0.05 * 63)]), gate=False)
     cases = contexts(tokenizer, prompt_set, limit, steps, context)
     if not cases:
         raise SpecdecError(f"no contexts from prompt set {prompt_set!r}")
-    bench_drafter(drafter, cases[:2], max_tokens)  # compile / page in / fill caches
+    bench_drafter(drafter, cases[:2], max_tokens, learn)  # compile / page in / fill caches
     result = {"method": method, "model": model, "prompts": prompt_set, "context": context, "options": options,
-              **bench_drafter(drafter, cases, max_tokens)}
+              **bench_drafter(drafter, cases, max_tokens, learn)}
+    if learn:
+        result["sources"] = drafter.stats()["sources"]
     store = getattr(drafter, "store", None) or getattr(drafter, "matrix", None)
     if datastore and store is not None:
         manifest = getattr(store, "manifest", None) or getattr(store, "meta", {})

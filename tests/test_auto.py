@@ -292,3 +292,13 @@ def test_bench_reports_sources_and_keeps_the_memory_when_asked(smollm2, tmp_path
     plain = benchmark(BenchConfig(methods=["ar"], prompts="humaneval", limit=1, max_new_tokens=4, warmup=False),
                       smollm2, [])
     assert plain["memory"] is None  # no auto, nothing to say
+
+
+def test_bench_drafting_times_auto_with_its_selection_and_learning():
+    from specdec_cli.drafting_bench import run
+
+    result = run("auto", "smollm2-135m", datastore=[], prompt_set="humaneval", limit=3, steps=60, context=None,
+                 options={})
+    assert result["steps"] >= 50 and result["ms_median"] > 0 and 0 < result["found"] <= 1
+    assert set(result["sources"]) == {"context", "memory"}
+    assert result["sources"]["context"]["verified"] >= result["sources"]["context"]["accepted"] > 0

@@ -23,8 +23,9 @@ def register(app: typer.Typer) -> None:
 
 
 def bench_drafting(
-    method: str = typer.Option("rest", "--method", help="rest, aded, pld or ngram-trie"),
-    datastore: Optional[str] = typer.Option(None, "--datastore", help="datastore directory (rest, aded)"),
+    method: str = typer.Option("rest", "--method", help="auto, rest, aded, pld or ngram-trie"),
+    datastore: Optional[list[str]] = typer.Option(None, "--datastore", help="datastore directory (rest, aded; "
+                                                  "auto: repeatable, any kind)"),
     model: str = typer.Option("smollm2-135m", "--model", "-m", help="model whose tokenizer the contexts use"),
     prompts: str = typer.Option("humaneval", "--prompts", "-p", help="prompt set whose token prefixes are the contexts"),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N prompts"),
@@ -43,7 +44,7 @@ def bench_drafting(
         quiet_libraries()
         from ..drafting_bench import run
 
-        result = run(method, model, datastore=datastore, prompt_set=prompts, limit=limit, steps=steps,
+        result = run(method, model, datastore=list(datastore or []), prompt_set=prompts, limit=limit, steps=steps,
                      context=context, options=parse_opts(opt))
         if as_json:
             typer.echo(json.dumps(result))
