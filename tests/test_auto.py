@@ -302,3 +302,21 @@ def test_bench_drafting_times_auto_with_its_selection_and_learning():
     assert result["steps"] >= 50 and result["ms_median"] > 0 and 0 < result["found"] <= 1
     assert set(result["sources"]) == {"context", "memory"}
     assert result["sources"]["context"]["verified"] >= result["sources"]["context"]["accepted"] > 0
+
+
+@pytest.mark.slow
+def test_generate_defaults_to_auto_and_keeps_memory_across_runs(tmp_path):
+    """A new user's command: no method. With ``--memory DIR`` the second run drafts from the first one's output."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+
+    args = ["generate", "--json", "-n", "24", "--memory", str(tmp_path / "mem"), CHAT_PROMPTS[1]]
+    first = json.loads(CliRunner().invoke(app, args).stdout)
+    second = json.loads(CliRunner().invoke(app, args).stdout)
+    assert first["method"] == "auto" and second["tokens"] == first["tokens"]
+    assert first["sources"]["memory"]["accepted"] == 0 < second["sources"]["memory"]["accepted"]
+    assert second["target_forwards"] < first["target_forwards"]
+    (tmp_path / "file").write_text("x")
+    bad = CliRunner().invoke(app, ["generate", "--model", "no-such-model", "--memory", str(tmp_path / "file"), "hi"])
+    assert bad.exit_code == 2 and "not a directory" in bad.stderr and "Traceback" not in bad.stderr  # before loading

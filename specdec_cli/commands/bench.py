@@ -75,6 +75,10 @@ def bench(
                               threads=threads,
                               budget=budget, kernels=kernels, compile=compile)
         cfg.methods = lib.method_list(cfg.methods)  # fail on a typo before loading anything
+        if memory:
+            from ..drafting.output_memory import check_folder
+
+            check_folder(memory)
         from dataclasses import asdict
 
         from ..budget import parse_budget

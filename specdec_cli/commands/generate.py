@@ -62,6 +62,9 @@ def generate(
         if save_adapted:
             options["save_adapted"] = save_adapted  # an aded option: refused for the other methods
         if memory:
+            from ..drafting.output_memory import check_folder
+
+            check_folder(memory)
             options["memory_dir"] = memory  # an auto option: refused for the other methods
         check_generation_args(max_new_tokens, window)
         check_compile(compile)

@@ -29,6 +29,13 @@ FORMAT = "specdec-memory"
 VERSION = 1
 
 
+def check_folder(folder) -> None:
+    """Before any model loads: ``--memory`` must be a folder, or not exist yet (it is created at the end)."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise SpecdecError(f"--memory {folder}: not a directory")
+
+
 class OutputMemory:
     def __init__(self, max_tokens: int = MAX_TOKENS, sizes=SIZES):
         if max_tokens < 1:
@@ -96,8 +103,7 @@ class OutputMemory:
         or one that is not a memory, is one clear error."""
         memory = cls(max_tokens)
         folder = Path(folder)
-        if folder.exists() and not folder.is_dir():
-            raise SpecdecError(f"--memory {folder}: not a directory")
+        check_folder(folder)
         manifest_path = folder / "memory.json"
         if not manifest_path.is_file():
             return memory
