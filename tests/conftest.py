@@ -74,3 +74,23 @@ def assert_tree_rows_match_chains(model, prefix, tokens, parents, tree, atol):
             path.insert(0, tokens[node])
             node = parents[node]
         assert torch.allclose(tree[i + 1], chain_logits(model, prefix + path)[-1], atol=atol), f"node {i}"
+
+
+def chisquare_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Chi-square p-value of observed ``counts`` against the probabilities ``expected`` (same shape; flattened).
+
+    An outcome of probability zero (cut by top-k/top-p) that occurs at all fails at once; cells expected fewer
+    than five times are pooled into one."""
+    from scipy.stats import chisquare
+
+    counts, expected = counts.flatten().double(), expected.flatten().double().cpu()
+    n = counts.sum()
+    impossible = counts[expected == 0]
+    assert impossible.sum() == 0, f"{int(impossible.sum())} draws of outcomes of probability 0"
+    keep = expected * n >= 5
+    rest = ~keep & (expected > 0)
+    obs, exp = counts[keep], expected[keep] * n
+    if rest.any():
+        obs = torch.cat([obs, counts[rest].sum().view(1)])
+        exp = torch.cat([exp, (expected[rest] * n).sum().view(1)])
+    return float(chisquare(obs.numpy(), exp.numpy() * (obs.sum() / exp.sum()).item()).pvalue)

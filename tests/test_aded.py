@@ -152,10 +152,16 @@ def test_aded_greedy_matches_ar(smollm2, stdlib_store, greedy_cases, tmp_path):
     from specdec_cli import api
 
     drafter = api.make_drafter("aded", smollm2, datastore=str(stdlib_store), options={"iterations": "60"})
+    accepted = candidates = 0
     for ids, expected in greedy_cases:
         result = api.run(smollm2, ids, drafter, max_new_tokens=32)
         assert result.tokens == expected
-        assert result.summary()["mcts_ms_per_step"] >= 0
+        s = result.summary()
+        assert s["mcts_ms_per_step"] > 0  # every generation's first step searches (a probe always drafts)
+        assert s["accepted"] <= s["drafted"] and s["mcts_empty_steps"] <= s["target_forwards"]
+        accepted += s["accepted"]
+        candidates += s["mcts_candidates_per_step"]
+    assert candidates > 0 and accepted > 0  # the searches drafted, and the target took some of it
     assert drafter.stats()["adapted_contexts"] > 0
     drafter.save_adapted(tmp_path / "adapted")
     assert TrigramMatrix.load(tmp_path / "adapted", smollm2.fingerprint).overlay == {}

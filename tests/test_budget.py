@@ -7,16 +7,15 @@ import random
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specdec_cli import trees
 from specdec_cli.budget import Budget, Calibrator, parse_budget
 from specdec_cli.decoding import Drafter, generate
 from specdec_cli.errors import SpecdecError
 from specdec_cli.hardware import Profile
-from specdec_cli.sampling import SamplingConfig
+from specdec_cli.sampling import SamplingConfig, sample
 
-from conftest import tiny_llama
+from conftest import chisquare_pvalue, tiny_llama
 from test_engine import exact_two_token_distribution
 
 STEEP = Profile([1, 2, 3, 4, 8], [1.0, 1.05, 1.1, 2.0, 6.0])  # three draft tokens nearly free, then expensive
@@ -120,9 +119,15 @@ def test_fixed_budget_caps_the_draft():
     assert res.tokens == ar and max(s.drafted for s in res.steps) == 2
 
 
-def two_token_pvalue(make_drafter, n: int = 1500) -> float:
+TOP_K = SamplingConfig(temperature=0.7, top_k=3)
+TOP_P = SamplingConfig(temperature=0.7, top_p=0.8)
+
+
+def two_token_pvalue(make_drafter, cfg: SamplingConfig = SamplingConfig(temperature=1.0), n: int = 1500,
+                     max_new_tokens: int = 3, steps=None) -> float:
+    """Chi-square p-value of the first two tokens ``generate`` samples after ``[1, 4, 2]`` (``n`` seeds) against
+    the target's exact law under ``cfg``; ``steps`` (a list) collects each generation's ``StepStats``."""
     target = tiny_llama(seed=0)
-    cfg = SamplingConfig(temperature=1.0)
     prompt = [1, 4, 2]
     expected = exact_two_token_distribution(target, prompt, cfg)
     drafter = make_drafter()
@@ -131,25 +136,84 @@ def two_token_pvalue(make_drafter, n: int = 1500) -> float:
     torch.set_num_threads(1)
     try:
         for seed in range(n):
-            out = generate(target, prompt, drafter, max_new_tokens=3, sampling=cfg, seed=seed).tokens
-            counts[out[0] * 8 + out[1]] += 1
+            res = generate(target, prompt, drafter, max_new_tokens=max_new_tokens, sampling=cfg, seed=seed)
+            counts[res.tokens[0] * 8 + res.tokens[1]] += 1
+            if steps is not None:
+                steps.append(res.steps)
     finally:
         torch.set_num_threads(threads)
-    keep = expected * n >= 5
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep] * n, (expected[~keep] * n).sum().view(1)])
-    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+    return chisquare_pvalue(counts, expected)
 
 
-def test_sd_sampling_is_exact_with_the_budget_on():
-    """Chains cut by the budget (extend + causal selection + gate) still sample exactly from p_target."""
+@pytest.mark.parametrize("cfg", [TOP_K, TOP_P], ids=["top-k", "top-p"])
+def test_sd_sampling_is_exact_with_the_budget_on(cfg):
+    """Chains cut by the budget (extend + causal selection + gate) still sample exactly from p_target, with the
+    warpers applied at every position: the first two tokens are counted, and the first step accepts a draft token
+    in a good share of the generations, so the second is often drawn from the target's row below the root.
+    Mutation check: warping (top-k/top-p) only row 0 in ``verify_rejection`` fails (draws outside the top-k /
+    nucleus)."""
 
     def make():
         sd = tiny_sd(seed=1, window=5)
         sd.budget = Budget("auto", STEEP)
         return sd
 
-    assert two_token_pvalue(make) > 1e-3
+    steps = []
+    assert two_token_pvalue(make, cfg, n=1000, steps=steps) > 1e-3
+    assert sum(s[0].accepted >= 1 for s in steps) > 200
+
+
+class TopTreeDrafter(Drafter):
+    """A tree from a draft model's likeliest tokens (an EAGLE/Medusa-style tree; deterministic given the context):
+    its ``widths[0]`` likeliest next tokens, under each its ``widths[1]`` likeliest, ... depth first, scored with
+    the draft's own (sharpened) probabilities."""
+
+    def __init__(self, model, widths=(3, 2)):
+        self.model, self.widths, self.memo = model, widths, {}
+
+    def top(self, context: tuple, width: int):
+        if context not in self.memo:
+            from specdec_cli import engine
+
+            logits = engine.forward_chain(self.model, engine.new_cache(), list(context))[-1]
+            self.memo[context] = torch.topk((logits * 2).softmax(-1), width)
+        return self.memo[context]
+
+    def propose(self, tokens, max_tokens):
+        draft = trees.Draft([], [], scores=[])
+
+        def grow(parent: int, context: tuple, depth: int) -> None:
+            if depth == len(self.widths):
+                return
+            top = self.top(context, self.widths[depth])
+            for p, t in zip(top.values.tolist(), top.indices.tolist()):
+                draft.tokens.append(t)
+                draft.parents.append(parent)
+                draft.scores.append(p)
+                grow(len(draft.tokens) - 1, context + (t,), depth + 1)
+
+        grow(-1, tuple(tokens), 0)
+        return draft.subtree(range(min(len(draft), max_tokens)))
+
+
+FOUR = Profile([1, 5, 9], [1.0, 1.1, 3.0])  # four draft tokens nearly free, then expensive
+
+
+@pytest.mark.parametrize("cfg", [TOP_K, TOP_P], ids=["top-k", "top-p"])
+def test_tree_sampling_is_exact_with_the_budget_on(cfg):
+    """Trees cut by the budget sample exactly from p_target with the warpers applied at every node: the first two
+    tokens are counted, and the first step descends below the root in most generations. Mutation checks (each
+    fails): top-k/top-p ignored below the root in ``verify_tree`` (draws outside the top-k / nucleus); a node
+    below the root choosing one of its children uniformly instead of drawing from the target."""
+
+    def make():
+        d = TopTreeDrafter(tiny_llama(seed=0))
+        d.budget = Budget("auto", FOUR)
+        return d
+
+    steps = []
+    assert two_token_pvalue(make, cfg, n=1000, max_new_tokens=5, steps=steps) > 1e-3
+    assert sum(s[0].accepted >= 1 for s in steps) > 600
 
 
 class RandomTreeDrafter(Drafter):
@@ -162,10 +226,57 @@ class RandomTreeDrafter(Drafter):
         return trees.Draft([rng.randrange(8) for _ in range(n)], parents, scores=[rng.random() for _ in range(n)])
 
 
-def test_tree_sampling_is_exact_with_the_budget_on():
+def test_random_tree_sampling_is_exact_with_the_budget_on():
     def make():
         d = RandomTreeDrafter()
         d.budget = Budget("auto", STEEP)
         return d
 
     assert two_token_pvalue(make) > 1e-3
+
+
+class BigramDrafter(Drafter):
+    """A confident bigram draft model with a negligible drafting cost: it samples a chain of ``window`` tokens from
+    ``q[last token]`` (the budget never stops it early) and scores each node with its own confidence ``max q``."""
+
+    def __init__(self, q: torch.Tensor, window: int = 6):
+        self.q, self.window = q, window
+
+    def propose(self, tokens, max_tokens):
+        chain, rows, last = [], [], tokens[-1]
+        for _ in range(min(self.window, max_tokens)):
+            rows.append(self.q[last])
+            last = sample(rows[-1], self.generator)
+            chain.append(last)
+        return trees.Draft.chain(chain, torch.stack(rows), [float(r.max()) for r in rows]) if chain else trees.Draft()
+
+
+def test_causal_cut_of_long_sampled_chains_is_exact():
+    """The budget cuts long sampled chains, and rejection sampling stays exact because the cut is causal.
+
+    The draft over-drafts token 6 after the prompt (q = 0.5 against the target's 0.04) and is confident (0.93)
+    after a 6, unsure (uniform) after anything else; the first draft token costs a whole forward, the next seven
+    nearly nothing. Whether a chain pays for that first token then depends on how confident the draft is *after*
+    it: a cut that looks ahead keeps the chain when the draft drew a 6 and drops it otherwise, which emits 6 far
+    more often than the target would. Mutation check: with the cut made non-causal (``causal = False`` in
+    ``Budget.select``) this test fails (p ~ 1e-10)."""
+    q = torch.full((8, 8), 1 / 8)
+    q[2] = torch.full((8,), 0.5 / 7).index_fill(0, torch.tensor(6), 0.5)  # after the prompt's last token, 2
+    q[6] = torch.full((8,), 0.07 / 7).index_fill(0, torch.tensor(4), 0.93)
+
+    class Recording(Budget):
+        cuts: list = []
+
+        def select(self, draft):
+            plan = super().select(draft)
+            self.cuts.append((len(draft), len(plan.draft)))
+            return plan
+
+    def make():
+        d = BigramDrafter(q)
+        d.budget = Recording("auto", Profile([1, 2, 9], [1.0, 1.8, 1.9]))
+        return d
+
+    assert two_token_pvalue(make, n=1000, max_new_tokens=6) > 1e-3
+    cut = [kept for drafted, kept in Recording.cuts if kept < drafted]
+    assert len(Recording.cuts) > 2000 and len(cut) > 500 and sum(k >= 2 for k in cut) > 300  # long chains, cut

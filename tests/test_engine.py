@@ -6,14 +6,13 @@ import random
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specdec_cli import engine
 from specdec_cli.decoding import Drafter, generate
-from specdec_cli.sampling import SamplingConfig, logits_to_probs
+from specdec_cli.sampling import SamplingConfig, logits_to_probs, pick
 from specdec_cli.verify import verify_rejection, verify_tree
 
-from conftest import assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
+from conftest import assert_tree_rows_match_chains, chain_logits, chisquare_pvalue, tiny_gemma3, tiny_llama
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
@@ -59,39 +58,56 @@ def test_crop_rolls_back_chain():
     assert torch.allclose(after, chain_logits(model, [1, 2, 3, 9])[-1], atol=1e-5)
 
 
-def test_verify_rejection_is_exact():
-    """Chi-square: the first emitted token of rejection sampling is distributed as p_target."""
+WARPERS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=3),
+           SamplingConfig(temperature=0.8, top_p=0.7)]
+WARPER_IDS = ["t1", "top-k", "top-p"]
+
+
+@pytest.mark.parametrize("cfg", WARPERS, ids=WARPER_IDS)
+def test_verify_rejection_is_exact(cfg):
+    """Chi-square: the first two emitted tokens of rejection sampling (a two-token chain; after a rejection the
+    second is the next step's draw) are distributed as p_target, with the target's row of the second position
+    depending on the first token. Mutation check: warping (top-k/top-p) only row 0 of the target's logits fails
+    (draws of tokens outside the top-k / nucleus at the second position)."""
     gen = torch.Generator().manual_seed(0)
-    v = 6
-    p_logits = torch.randn(2, v, generator=gen) * 2
-    q_draft = torch.softmax(torch.randn(1, v, generator=gen) * 2, -1)
-    cfg = SamplingConfig(temperature=1.0)
-    counts = torch.zeros(v)
+    v = 5
+    l0, l1 = torch.randn(v, generator=gen) * 2, torch.randn(v, v, generator=gen) * 2  # l1[a]: after token a
+    q0 = torch.softmax(torch.randn(v, generator=gen) * 2, -1)
+    q1 = torch.softmax(torch.randn(v, v, generator=gen) * 2, -1)
+    counts = torch.zeros(v, v)
     n = 20000
     for _ in range(n):
-        x = int(torch.multinomial(q_draft[0], 1, generator=gen))
-        path, nxt = verify_rejection(p_logits, [x], q_draft, cfg, gen)
-        counts[x if path else nxt] += 1
-    p = logits_to_probs(p_logits[0], cfg)
-    assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
+        x0 = int(torch.multinomial(q0, 1, generator=gen))
+        x1 = int(torch.multinomial(q1[x0], 1, generator=gen))
+        logits = torch.stack([l0, l1[x0], torch.zeros(v)])
+        path, nxt = verify_rejection(logits, [x0, x1], torch.stack([q0, q1[x0]]), cfg, gen)
+        out = [x0, x1][: len(path)] + [nxt]
+        if len(out) < 2:  # rejected at once: the next step draws the second token from the target
+            out.append(pick(l1[out[0]], cfg, gen))
+        counts[out[0], out[1]] += 1
+    expected = logits_to_probs(l0, cfg)[:, None] * logits_to_probs(l1, cfg)
+    assert chisquare_pvalue(counts, expected) > 1e-3
 
 
-def test_verify_tree_sampling_is_exact():
-    """Deterministic tree drafts: the first emitted token is still distributed as p_target."""
+@pytest.mark.parametrize("cfg", WARPERS[1:], ids=WARPER_IDS[1:])
+def test_verify_tree_sampling_is_exact(cfg):
+    """Deterministic tree drafts: the first two emitted tokens are distributed as p_target. Every token has a
+    node under the root, each with two children, so the second token is always drawn at a node below the root.
+    Mutation checks (each fails): top-k/top-p ignored below the root (draws outside the top-k / nucleus); a node
+    below the root choosing one of its children uniformly instead of drawing from the target."""
     gen = torch.Generator().manual_seed(1)
     v = 5
-    logits = torch.randn(4, v, generator=gen) * 2
-    tokens, parents = [0, 3, 1], [-1, -1, 0]
-    cfg = SamplingConfig(temperature=0.8, top_k=4)
-    counts = torch.zeros(v)
+    tokens = list(range(v)) + [t for a in range(v) for t in ((a + 1) % v, (a + 3) % v)]
+    parents = [-1] * v + [a for a in range(v) for _ in range(2)]  # node a (token a) is the root's child a
+    logits = torch.randn(1 + len(tokens), v, generator=gen) * 2
+    counts = torch.zeros(v, v)
     n = 20000
     for _ in range(n):
         path, nxt = verify_tree(logits, tokens, parents, cfg, gen)
-        counts[tokens[path[0]] if path else nxt] += 1
-    p = logits_to_probs(logits[0], cfg)
-    keep = p > 0
-    assert counts[~keep].sum() == 0
-    assert chisquare(counts[keep].numpy(), (p[keep] * n).numpy()).pvalue > 1e-3
+        out = [tokens[i] for i in path] + [nxt]
+        counts[out[0], out[1]] += 1
+    expected = logits_to_probs(logits[0], cfg)[:, None] * logits_to_probs(logits[1 : v + 1], cfg)
+    assert chisquare_pvalue(counts, expected) > 1e-3
 
 
 def test_top_p_keeps_smallest_nucleus():
@@ -138,10 +154,7 @@ def sd_two_token_pvalue(target, draft, n: int = 1500, fast: str = "off") -> floa
     for seed in range(n):
         out = generate(target, prompt, drafter, max_new_tokens=2, sampling=cfg, seed=seed, fast=fast).tokens
         counts[out[0] * 8 + out[1]] += 1
-    keep = expected * n >= 5
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep] * n, (expected[~keep] * n).sum().view(1)])
-    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+    return chisquare_pvalue(counts, expected)
 
 
 def test_sd_sampling_preserves_target_distribution():
@@ -150,13 +163,17 @@ def test_sd_sampling_preserves_target_distribution():
 
 
 def test_generate_respects_budget_and_stop_ids():
-    target, draft = tiny_llama(seed=0), tiny_llama(seed=0)  # identical draft: everything accepted
-    drafter = RandomChainDrafter(draft, k=4)
-    res = generate(target, [1, 2], drafter, max_new_tokens=7)
-    assert len(res.tokens) == 7
-    ar = generate(target, [1, 2], Drafter(), max_new_tokens=7)
-    assert res.tokens == ar.tokens
-    assert res.summary()["acceptance_rate"] == 1.0
+    target = tiny_llama(seed=0)
+    ar = generate(target, [1, 2], Drafter(), max_new_tokens=12)
+    identical = generate(target, [1, 2], RandomChainDrafter(tiny_llama(seed=0), k=4), max_new_tokens=12)
+    assert identical.tokens == ar.tokens and identical.summary()["acceptance_rate"] == 1.0
+    assert len(identical.steps) < len(ar.steps)
+    drafter = RandomChainDrafter(tiny_llama(seed=1), k=4)  # another model: some drafts are rejected
+    res = generate(target, [1, 2], drafter, max_new_tokens=12)
+    s = res.summary()
+    assert res.tokens == ar.tokens and len(res.tokens) == 12
+    assert 0 < s["accepted"] < s["drafted"]
+    assert s["new_tokens"] == sum(step.new_tokens for step in res.steps) == s["accepted"] + s["target_forwards"]
     stop = ar.tokens[3]
-    res = generate(target, [1, 2], drafter, max_new_tokens=7, stop_ids={stop})
+    res = generate(target, [1, 2], drafter, max_new_tokens=12, stop_ids={stop})
     assert res.tokens == ar.tokens[: ar.tokens.index(stop)] and res.stopped_by == "eos"

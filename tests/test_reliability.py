@@ -1,6 +1,10 @@
-"""Reliability through the CLI, in subprocesses: every bad input is one ``specdec: error:`` line with exit code 2
-(no traceback) and leaves the user's files as they were; killed builds and benchmarks leave nothing that looks
-valid, and an interrupted ``bench --out`` resumes to the record an uninterrupted run writes."""
+"""Reliability through the CLI: every bad input is one ``specdec: error:`` line with exit code 2 (no traceback)
+and leaves the user's files as they were; killed builds and benchmarks leave nothing that looks valid, and an
+interrupted ``bench --out`` resumes to the record an uninterrupted run writes.
+
+Checks of arguments and files run the CLI in this process (:func:`cli`: a new process adds nothing there but
+three seconds of imports); stdin, signals, kills and real output conventions run it in subprocesses (:func:`run`).
+"Refused before any work" is checked by making the work fail (``no_model``, ``no_corpus``), not by a clock."""
 
 from __future__ import annotations
 
@@ -23,6 +27,49 @@ BINARY = bytes(range(256)) * 4  # not UTF-8
 
 def run(*args, stdin: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*CMD, *map(str, args)], input=stdin, capture_output=True, env=ENV, timeout=timeout)
+
+
+def cli(*args, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """The CLI in this process (typer's runner), as a finished process; an unexpected exception reads as exit
+    code 1 with its traceback on stderr."""
+    import traceback
+
+    import torch
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+
+    threads = torch.get_num_threads()
+    try:
+        res = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+    finally:
+        torch.set_num_threads(threads)
+    err = res.stderr_bytes or b""
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        err += "".join(traceback.format_exception(res.exception)).encode()
+    return subprocess.CompletedProcess(args, res.exit_code, res.stdout_bytes, err)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: what "checked before any model loads" means."""
+    from specdec_cli import api
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(api, "load", load)
+
+
+@pytest.fixture
+def no_corpus(monkeypatch):
+    """Reading a corpus fails the test: what "refused before building" means."""
+    from specdec_cli.datastore import pipeline
+
+    def iter_documents(*args, **kwargs):
+        raise AssertionError("the corpus was read before the bad --out was refused")
+
+    monkeypatch.setattr(pipeline, "iter_documents", iter_documents)
 
 
 def snapshot(*roots: Path) -> dict[str, str]:
@@ -80,31 +127,29 @@ def test_non_utf8_stdin():
     assert_user_error(run("generate", stdin=BINARY), "stdin is not UTF-8")
 
 
-def test_binary_batch_file(tmp_path):
+def test_binary_batch_file(tmp_path, no_model):
     f = tmp_path / "prompts.bin"
     f.write_bytes(BINARY)
     before = snapshot(f)
-    assert_user_error(run("generate", "--batch-file", f), "not UTF-8")
+    assert_user_error(cli("generate", "--batch-file", f), "not UTF-8")
     assert snapshot(f) == before
 
 
 @pytest.mark.parametrize("content", [BINARY, b"[1, 2]\n", b"not json\n"], ids=["binary", "array", "not-json"])
-def test_bad_compare_file_fails_before_running(tmp_path, content):
+def test_bad_compare_file_fails_before_running(tmp_path, content, no_model):
     compare, out = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
     compare.write_bytes(content)
     out.write_text("")
     before = snapshot(tmp_path)
-    t0 = time.perf_counter()
-    assert_user_error(run("bench", "--compare", compare, "--out", out, "--limit", "1", "-n", "4"), "--compare")
-    assert time.perf_counter() - t0 < 60  # refused up front, not after a benchmark
+    assert_user_error(cli("bench", "--compare", compare, "--out", out, "--limit", "1", "-n", "4"), "--compare")
     assert snapshot(tmp_path) == before
 
 
-def test_bad_out_file_fails_before_running(tmp_path):
+def test_bad_out_file_fails_before_running(tmp_path, no_model):
     out = tmp_path / "results.jsonl"
     out.write_bytes(b"[1, 2]\n")
     before = snapshot(tmp_path)
-    assert_user_error(run("bench", "--out", out, "--limit", "1", "-n", "4"), "--out")
+    assert_user_error(cli("bench", "--out", out, "--limit", "1", "-n", "4"), "--out")
     assert snapshot(tmp_path) == before
 
 
@@ -113,10 +158,10 @@ def test_bench_merge_bad_files(tmp_path, content):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_bytes(content)
     b.write_bytes(content)
-    assert_user_error(run("bench-merge", a, b), "record file")
+    assert_user_error(cli("bench-merge", a, b), "record file")
 
 
-def test_cheap_arguments_checked_first():
+def test_cheap_arguments_checked_first(no_model):
     for args, needle in [(("generate", "hi", "-n", "0"), "--max-new-tokens"),
                          (("generate", "hi", "--window", "0", "--method", "sd", "--draft", "int8:"), "--window"),
                          (("generate", "hi", "--threads", "0"), "--threads"),
@@ -125,15 +170,14 @@ def test_cheap_arguments_checked_first():
                          (("inspect-entropy", "hi", "--threads", "0"), "--threads"),
                          (("generate", "   "), "empty prompt"),
                          (("generate", "hi", "--method", "warp-drive"), "unknown method"),
-                         (("generate", "hi", "--model", "no-such-model"), "unknown model"),
                          (("bench", "--resume", "--limit", "1"), "--resume")]:
-        t0 = time.perf_counter()
-        assert_user_error(run(*args), needle)
-        assert time.perf_counter() - t0 < 30, args  # no model was loaded
+        assert_user_error(cli(*args), needle)
 
 
-def test_hub_model_offline_names_the_switch():
-    line = assert_user_error(run("generate", "hi", "--model", "nobody/nothing-here"), "nobody/nothing-here")
+def test_unknown_models_are_named():
+    """Names that resolve to no model fail while resolving, before any weights are read."""
+    assert_user_error(cli("generate", "hi", "--model", "no-such-model"), "unknown model")
+    line = assert_user_error(cli("generate", "hi", "--model", "nobody/nothing-here"), "nobody/nothing-here")
     assert "HF_HUB_OFFLINE=1" in line
 
 
@@ -155,7 +199,7 @@ def test_bad_datastores(tmp_path, stores):
              ("rest", stores / "other-tokenizer", "another tokenizer")]
     before = snapshot(tmp_path, stores)
     for method, store, needle in cases:
-        assert_user_error(run("generate", "def f(", "--raw", "-n", "4", "--method", method, "--datastore", store),
+        assert_user_error(cli("generate", "def f(", "--raw", "-n", "4", "--method", method, "--datastore", store),
                           needle)
     assert snapshot(tmp_path, stores) == before
 
@@ -177,7 +221,7 @@ def test_corrupt_shard_of_unchanged_size(tmp_path, stores, corruption):
         data[: data.size // 2] = 0xFE  # 0xFEFE = 65278, outside SmolLM2's 49,152 ids
         data.flush()
     before = snapshot(store)
-    assert_user_error(run("generate", "def f(", "--raw", "-n", "4", "--method", "rest", "--datastore", store),
+    assert_user_error(cli("generate", "def f(", "--raw", "-n", "4", "--method", "rest", "--datastore", store),
                       "corrupt")
     assert snapshot(store) == before
 
@@ -185,28 +229,26 @@ def test_corrupt_shard_of_unchanged_size(tmp_path, stores, corruption):
 # --- build-datastore -------------------------------------------------------------------------------------------
 
 
-def test_build_refuses_a_folder_that_is_not_a_datastore_before_building(tmp_path):
+def test_build_refuses_a_folder_that_is_not_a_datastore_before_building(tmp_path, no_corpus):
     site = tmp_path / "site"
     site.mkdir()
     (site / "manifest.json").write_text('{"name": "web app", "start_url": "/"}')
     (site / "index.html").write_text("<html></html>")
     before = snapshot(site)
-    t0 = time.perf_counter()
-    assert_user_error(run("build-datastore", "--corpus", "python-stdlib", "--out", site), "not a specdec datastore")
-    assert time.perf_counter() - t0 < 20
+    assert_user_error(cli("build-datastore", "--corpus", "python-stdlib", "--out", site), "not a specdec datastore")
     assert snapshot(site) == before
     file_out = tmp_path / "notes.txt"
     file_out.write_text("keep me")
-    assert_user_error(run("build-datastore", "--corpus", "python-stdlib", "--out", file_out), "not a folder")
+    assert_user_error(cli("build-datastore", "--corpus", "python-stdlib", "--out", file_out), "not a folder")
     assert file_out.read_text() == "keep me"
 
 
 def test_build_bad_corpora(tmp_path):
     empty = tmp_path / "corpus"
     empty.mkdir()
-    assert_user_error(run("build-datastore", "--corpus", tmp_path / "nope", "--out", tmp_path / "o"), "unknown corpus")
-    assert_user_error(run("build-datastore", "--corpus", empty, "--out", tmp_path / "o"), "no ")
-    assert_user_error(run("build-datastore", "--corpus", "ultrachat", "--out", tmp_path / "o"), "HF_HUB_OFFLINE=1")
+    assert_user_error(cli("build-datastore", "--corpus", tmp_path / "nope", "--out", tmp_path / "o"), "unknown corpus")
+    assert_user_error(cli("build-datastore", "--corpus", empty, "--out", tmp_path / "o"), "no ")
+    assert_user_error(cli("build-datastore", "--corpus", "ultrachat", "--out", tmp_path / "o"), "HF_HUB_OFFLINE=1")
     assert not (tmp_path / "o").exists()
 
 
@@ -297,12 +339,14 @@ def test_killed_bench_resumes_to_the_same_record(tmp_path):
     partial = Path(f"{out}.partial")
     proc = subprocess.Popen([*CMD, *BENCH, "--out", str(out)], env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
-    _wait_for(lambda: (partial.exists() and len(partial.read_text().splitlines()) >= 4) or proc.poll() is not None)
+    # killed as soon as the first generation is kept: seven more (seconds of work) stand between that and the end,
+    # a margin no scheduling delay of the polling here reaches
+    _wait_for(lambda: (partial.exists() and len(partial.read_text().splitlines()) >= 2) or proc.poll() is not None)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not out.exists() or not out.read_text().strip()  # no record yet
     kept = len(partial.read_text().splitlines()) - 1
-    assert 3 <= kept < 8
+    assert 1 <= kept < 8
     resumed = run(*BENCH, "--out", out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     err = resumed.stderr.decode()
