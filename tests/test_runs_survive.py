@@ -332,3 +332,33 @@ def test_learned_state_round_trips_and_hostile_state_is_refused(smollm2, tmp_pat
                 {**state["drafter"], "gates": {"nope": {}}}, {**state["drafter"], "pending": "x"}):
         with pytest.raises((ValueError, KeyError, TypeError)):
             api.make_drafter("auto", smollm2, budget="auto").load_state(bad)
+
+
+def test_memory_and_trigram_state_round_trip():
+    """``rest``'s and ``auto``'s memory (past its bound: the oldest forgotten) and ``aded``'s adapted tri-gram rows
+    come back from their JSON state exactly; hostile data is refused."""
+    from specdec_cli.datastore.trigram_matrix import TrigramMatrix
+    from specdec_cli.drafting.output_memory import OutputMemory
+
+    memory = OutputMemory(40)
+    for k in range(12):
+        memory.remember([1, 2, 3], [(k * 7 + i) % 50 for i in range(9)])
+    state = json.loads(json.dumps(memory.state()))
+    again = OutputMemory(40)
+    again.load_state(state)
+    assert again.state() == memory.state() and memory.forgotten > 0
+    assert again.index.positions == memory.index.positions and again.index.tokens == memory.index.tokens
+    for bad in ({**state, "sequences": [[-5]]}, {**state, "sequences": [list(range(41))]}, {**state, "added": -1}):
+        with pytest.raises((ValueError, KeyError, TypeError)):
+            OutputMemory(40).load_state(bad)
+
+    docs = [[(i * 3 + j) % 20 for j in range(60)] for i in range(5)]
+    matrix = TrigramMatrix.from_token_docs(docs, 20)
+    matrix.adjust([1, 2, 3, 4, 1, 2, 5], increment=0.3)
+    rows = json.loads(json.dumps(matrix.overlay_state()))
+    fresh = TrigramMatrix.from_token_docs(docs, 20)
+    fresh.load_overlay_state(rows)
+    assert fresh.overlay == matrix.overlay and fresh.probs(1, 2) == matrix.probs(1, 2)
+    for bad in ([[10**9, []]], [[3, [[99, 0.5]]]], [[3, [[1, float("nan")]]]], "x"):
+        with pytest.raises((ValueError, KeyError, TypeError)):
+            TrigramMatrix.from_token_docs(docs, 20).load_overlay_state(bad)
