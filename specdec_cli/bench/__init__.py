@@ -26,7 +26,7 @@ from .report import check_plot_path, comparison_text, plot_speedups, print_table
 from .runners import benchmark, datastore_for, make_runner, rotated, run_generations, set_threads
 
 __all__ = ["HF_BASELINES", "RECORD_SCHEMA", "REGRESSION_EXIT_CODE", "BenchConfig", "Generation", "Runner",
-           "append_record", "benchmark", "check_out_file", "check_plot_path", "compare", "comparison_text", "datastore_for",
-           "first_divergence", "has_regression", "identity_check", "load_prompts", "make_record", "make_runner",
-           "merge_records", "method_list", "plot_speedups", "print_table", "read_records", "record_problem", "rotated",
-           "run_generations", "set_threads", "summarize", "summarize_method"]
+           "append_record", "benchmark", "check_out_file", "check_plot_path", "compare", "comparison_text",
+           "datastore_for", "first_divergence", "has_regression", "identity_check", "load_prompts", "make_record",
+           "make_runner", "merge_records", "method_list", "plot_speedups", "print_table", "read_records",
+           "record_problem", "rotated", "run_generations", "set_threads", "summarize", "summarize_method"]
