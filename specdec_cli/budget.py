@@ -113,6 +113,38 @@ class Calibrator:
         np.add.at(self.accepted, (d, s), np.asarray(accepted, dtype=np.float64))
         self.raw_total += float(scores.sum())
 
+    def state(self) -> dict:
+        return {"accepted": self.accepted.tolist(), "tested": self.tested.tolist(), "raw_total": self.raw_total}
+
+    def load_state(self, state: dict) -> None:
+        accepted, tested = grid(state["accepted"]), grid(state["tested"])
+        self.accepted, self.tested, self.raw_total = accepted, tested, number(state["raw_total"])
+
+
+# -- learned state as JSON (bench checkpoints): checked on the way in, a file may be hostile --------------------
+
+
+def number(value) -> float:
+    """A finite float from JSON data (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ValueError(f"not a finite number: {str(value)[:20]}")
+    return float(value)
+
+
+def count(value) -> int:
+    """A non-negative int from JSON data (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a count: {str(value)[:20]}")
+    return value
+
+
+def grid(value) -> np.ndarray:
+    """A calibration table (DEPTH_BINS x SCORE_BINS finite non-negative numbers) from JSON data."""
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.shape != (DEPTH_BINS, SCORE_BINS) or not np.isfinite(arr).all() or (arr < 0).any():
+        raise ValueError("not a calibration table")
+    return arr
+
 
 @dataclass
 class StepPlan:
@@ -248,6 +280,31 @@ class Budget:
             self.backoff = min(2 * self.backoff, MAX_BACKOFF)
         elif self.net >= 0:
             self.backoff = 1
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """What the budget learnt (calibration, value of time, gate), as JSON data: a resumed ``bench`` run
+        continues from it exactly where the interrupted one stood."""
+        return {"calibrator": self.calibrator.state(), "value": self.value, "net": self.net, "skip": self.skip,
+                "backoff": self.backoff, "steps": self.steps, "gated": self.gated,
+                "drafted_steps": self.drafted_steps, "lost": self.lost, "draft_cost": self.draft_cost}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from :meth:`state`'s answer (ValueError/KeyError/TypeError on data that is not one)."""
+        calibrator = Calibrator()
+        calibrator.load_state(state["calibrator"])
+        value, net, lost = number(state["value"]), number(state["net"]), number(state["lost"])
+        if value <= 0:
+            raise ValueError("value of time must be > 0")
+        skip, backoff, steps, gated = (count(state[k]) for k in ("skip", "backoff", "steps", "gated"))
+        drafted_steps = count(state["drafted_steps"])
+        if not isinstance(state["draft_cost"], bool):
+            raise ValueError("draft_cost")
+        self.calibrator, self.value, self.net, self.lost = calibrator, value, net, lost
+        self.skip, self.backoff, self.steps, self.gated = min(skip, MAX_BACKOFF), max(1, min(backoff, MAX_BACKOFF)), \
+            steps, gated
+        self.drafted_steps, self.draft_cost = drafted_steps, state["draft_cost"]
 
     def stats(self) -> dict:
         return {"budget": self.mode, "gated_steps": self.gated, "value_tokens_per_s": self.value}

@@ -80,6 +80,16 @@ class Drafter:
     def finish(self) -> None:
         """Called once after the last generation: drafters that learn (``aded --save-adapted``) save it now."""
 
+    def state(self) -> dict | None:
+        """What this drafter learnt across generations (its budget's state aside), as JSON data -- ``bench``
+        checkpoints it after each finished unit so that ``--resume`` continues exactly; None: it learns nothing
+        that outlives a generation."""
+        return None
+
+    def load_state(self, state: dict | None) -> None:
+        """Continue from :meth:`state`'s answer. The data comes from a file: check it (ValueError, KeyError or
+        TypeError for data that is not one); it must never be able to do more than cost speed."""
+
 
 @dataclass
 class StepStats:

@@ -26,8 +26,8 @@ class SamplingConfig:
     def validate(self) -> "SamplingConfig":
         from .errors import SpecdecError
 
-        if self.temperature < 0:
-            raise SpecdecError(f"--temperature must be >= 0, got {self.temperature}")
+        if not self.temperature >= 0 or self.temperature == float("inf"):  # nan fails the comparison
+            raise SpecdecError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise SpecdecError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -99,6 +99,27 @@ def comparison_text(findings: list[dict], tolerance: float) -> str:
     return "\n".join(lines)
 
 
+def check_plot_path(path: str) -> None:
+    """Before a run: ``--plot`` can be written (a folder that exists, a file that is not a folder) and matplotlib
+    is there -- so a bad path never costs a finished benchmark."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    target = Path(path)
+    if target.is_dir():
+        raise SpecdecError(f"--plot {path} is a directory")
+    if target.exists() and (not target.is_file() or not os.access(target, os.W_OK)):
+        raise SpecdecError(f"cannot write --plot {path}: not a writable file")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise SpecdecError(f"cannot write --plot {path}: no such directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecdecError(f"cannot write --plot {path}: permission denied")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SpecdecError("--plot needs matplotlib (pip install matplotlib)")
+
+
 def plot_speedups(record: dict, path: str) -> None:
     """A PNG bar chart of speedups vs ar (matplotlib's Agg backend: no display needed)."""
     import matplotlib

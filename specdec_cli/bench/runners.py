@@ -51,6 +51,12 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
                           accepted=sum(s.accepted for s in steps), draft_s=sum(s.draft_s for s in steps),
                           sources=result.extra.get("sources"))
 
+    def load_state(state: dict) -> None:
+        drafter.budget.load_state(state["budget"])
+        drafter.load_state(state["drafter"])
+
+    run.state = lambda: {"budget": drafter.budget.state(), "drafter": drafter.state()}
+    run.load_state = load_state
     run.drafter = drafter  # finished after the last prompt (auto saves its --memory then)
     return run
 
@@ -119,6 +125,8 @@ def hf_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
         tokens = cut_at_stop(produced, target.stop_ids)
         return Generation(method, "", 0, tokens, seconds, forwards=counter.calls, emitted=len(produced))
 
+    run.state = lambda: None  # transformers' generate learns nothing across calls
+    run.load_state = lambda state: None
     return run
 
 
@@ -165,7 +173,7 @@ def rotated(methods: list[str], index: int) -> list[str]:
 def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_tokens: int) -> None:
     """One short untimed generation per method on the first prompt's first turn."""
     n = min(WARMUP_TOKENS, max_new_tokens)
-    ids = encode_turn(target, prompts[0], 0, [], n)
+    ids = encode_turn(target, prompts[0], 0, [], max_new_tokens)  # checked against the run's -n, not the warm-up's
     for runner in runners.values():
         runner(ids, n)
 
@@ -205,22 +213,28 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
     """Every prompt with every method (order rotated per prompt); units already in ``checkpoint`` (``--resume``)
     are taken from it, new ones are added to it as they finish."""
     check_options(methods, cfg.options)  # shared by the methods: each key must be some method's
+    for prompt in prompts:  # a prompt too long for -n is one error now, not after the prompts before it ran
+        encode_turn(target, prompt, 0, [], cfg.max_new_tokens)
     runners = {m: make_runner(m, target, drafts, cfg) for m in methods}
     if cfg.warmup:
         warm_up(target, prompts, runners, cfg.max_new_tokens)
     total = sum(len(p.turns) for p in prompts) * len(methods)
     generations: list[Generation] = []
     progress = Progress(total, len(prompts))
+    restore: dict = {}  # method -> its learned state after its last unit taken from the checkpoint (--resume)
     try:
         for i, prompt in enumerate(prompts):
             for method in rotated(methods, i):
                 saved = checkpoint.get(prompt.id, method) if checkpoint else None
                 if saved is not None:
                     gens = [Generation(**g) for g in saved]
+                    restore[method] = checkpoint.state_after(prompt.id, method)
                 else:
+                    if restore.get(method) is not None:  # continue from where the interrupted run stood
+                        restore_state(runners[method], method, restore.pop(method), checkpoint)
                     gens = run_prompt(target, prompt, method, runners[method], cfg.max_new_tokens, lambda: None)
                     if checkpoint:
-                        checkpoint.add(prompt.id, method, gens)
+                        checkpoint.add(prompt.id, method, gens, runners[method].state())
                 generations += gens
                 progress.update(i, method, gens, resumed=saved is not None)
     finally:
@@ -229,6 +243,15 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
         if hasattr(runner, "drafter"):
             runner.drafter.finish()
     return generations
+
+
+def restore_state(runner: Runner, method: str, state, checkpoint) -> None:
+    """Load a method's learned state from a checkpoint file (JSON from disk: anything malformed is one error)."""
+    try:
+        runner.load_state(state)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        raise SpecdecError(f"--resume: {checkpoint.state_path} holds a damaged state for method {method}; drop "
+                           "--resume to start over") from None
 
 
 def set_threads(threads: int | None) -> None:

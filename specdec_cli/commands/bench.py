@@ -91,6 +91,7 @@ def bench(
             raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         if window is not None and window < 1:
             raise SpecdecError(f"--window must be >= 1, got {window}")
+        api.SamplingConfig(temperature=temperature).validate()  # nan/inf: now, not in torch after the model loads
         lib.set_threads(threads)
         lib.datastore_for("rest", cfg.datastore)  # ... and on ambiguous --datastore values
         from ..methods import check_options, precheck_datastore
@@ -98,10 +99,13 @@ def bench(
         check_options([m for m in cfg.methods if m in api.METHODS], cfg.options)
         for name in cfg.methods:
             precheck_datastore(name, lib.datastore_for(name, cfg.datastore))
+        # every file the run reads or writes at its end is checked now: a bad one never costs a finished run
         old_records = lib.read_records(compare_to) if compare_to else None
+        if plot:
+            lib.check_plot_path(plot)
         if out:
             lib.check_out_file(out)
-        checkpoint = Checkpoint(out, asdict(cfg), resume)
+        checkpoint = Checkpoint(out, asdict(cfg), resume)  # locks OUT.partial: a second run on --out is refused
         quiet_libraries()
         prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)  # before the model loads
         target, drafts = api.load(model, cfg.drafts, dtype, device, kernels)
@@ -145,9 +149,13 @@ def bench_merge(
         from .. import bench as lib
         from ..errors import SpecdecError
 
+        if out:
+            lib.check_out_file(out)
+        if plot:
+            lib.check_plot_path(plot)
         records = []
         for path in files:
-            found = lib.read_records(path, "record file")
+            found = lib.read_records(path, "record file", merge=True)
             if not found:
                 raise SpecdecError(f"no records in {path}")
             records += found if all_records else found[-1:]

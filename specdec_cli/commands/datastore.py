@@ -82,8 +82,8 @@ def build_datastore(
             raise SpecdecError("--corpus is required to build a datastore (see `specdec build-datastore --help`)")
         for name, value in (("--max-tokens", max_tokens), ("--max-docs", max_docs), ("--shard-mb", shard_mb),
                             ("--workers", workers)):
-            if value is not None and value <= 0:
-                raise SpecdecError(f"{name} must be > 0, got {value}")
+            if value is not None and not 0 < value < float("inf"):  # nan and inf fail too
+                raise SpecdecError(f"{name} must be a finite number > 0, got {value}")
         quiet_libraries()
         from ..datastore.pipeline import build
 

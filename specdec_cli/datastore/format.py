@@ -80,8 +80,10 @@ def write_manifest(folder: Path, manifest: dict) -> None:
 
 
 def check_out_dir(out: Path) -> None:
-    """Before a build: ``out`` may be new, an empty folder, or a specdec datastore (which the build replaces).
-    Anything else -- a file, a folder of other things, even one with a ``manifest.json`` -- is refused."""
+    """Before a build: ``out`` may be new, an empty folder, or a folder holding exactly what a datastore build wrote
+    there (its manifest and the files the manifest lists, at their recorded sizes), which the build replaces.
+    Anything else -- a file, a folder of other things, a manifest that only looks like ours, a datastore with files
+    a user added -- is refused, so a build never deletes a file it did not write."""
     out = Path(out)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise SpecdecError(f"--out {out} exists and is not a folder; refusing to replace it")
@@ -94,6 +96,24 @@ def check_out_dir(out: Path) -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise SpecdecError(f"--out {out} exists and is not a specdec datastore; refusing to replace it "
                            "(choose a new or empty folder)")
+    files = manifest.get("files")
+    listed = set(files) if isinstance(files, dict) else set()
+    valid = (manifest.get("kind") in VERSIONS and isinstance(files, dict) and bool(files)
+             and all(isinstance(e, dict) and "/" not in name and name not in (MANIFEST, ".", "..")
+                     for name, e in files.items()))
+    if valid:
+        for entry in out.iterdir():
+            name = entry.name
+            if name == MANIFEST and entry.is_file() and not entry.is_symlink():
+                continue
+            if name not in listed or entry.is_symlink() or not entry.is_file() \
+                    or entry.stat().st_size != files[name].get("bytes"):
+                valid = False
+                break
+        valid = valid and all((out / name).is_file() for name in listed)
+    if not valid:
+        raise SpecdecError(f"--out {out} holds more or other than a datastore build wrote (a partial manifest, or "
+                           "files added by hand); refusing to replace it (move those files, or choose a new folder)")
 
 
 def move_into_place(tmp: Path, out: Path) -> None:

@@ -39,6 +39,11 @@ def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_
     try:
         manifest = KINDS[kind].build(docs, out, fingerprint=fingerprint, vocab_size=vocab_size, meta=meta,
                                      progress=progress, **options)
+    except OSError as err:  # disk full, quota, a read-only folder: the half-built folder is already removed
+        reason = err.strerror or str(err)
+        if err.errno is None and "requested" in reason and "written" in reason:
+            reason = "a write was cut short (disk full?)"
+        raise SpecdecError(f"cannot write the datastore {out}: {reason}") from None
     finally:
         docs.close()  # stops the tokenizer workers at once when the build ends early (error, Ctrl-C)
     seconds = time.perf_counter() - t0

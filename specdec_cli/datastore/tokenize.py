@@ -45,7 +45,7 @@ def tokenizer_info(model: str) -> dict:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             pass  # unreadable: computed again and rewritten
-    with ProcessPoolExecutor(1, mp_context=_context(), initializer=_ignore_interrupts) as pool:
+    with ProcessPoolExecutor(1, mp_context=_context(), initializer=_init_child, initargs=(os.getpid(),)) as pool:
         info = pool.submit(_tokenizer_info, model).result()
     if path is not None:
         write_cache(path, json.dumps(info))
@@ -160,9 +160,46 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _init_worker(backend_json: str, replace: tuple[str, str] | None, pieces: dict | None) -> None:
-    global _BACKEND
+PARENT_POLL_S = 1.0  # how often a worker checks that its parent is still there (where prctl is missing)
+
+
+def _init_child(parent: int) -> None:
+    """Every child of a build: ignores Ctrl-C (the parent handles it) and dies with its parent. A parent killed
+    with SIGKILL cannot shut its pool down, and a worker blocked on the task pipe (it holds the pipe's write end
+    too, so it never sees EOF) would wait forever: on Linux the kernel sends it SIGKILL when the parent dies
+    (``PR_SET_PDEATHSIG``); elsewhere, and as a second guard, a thread notices the parent's pid change."""
     _ignore_interrupts()
+    _die_with_parent(parent)
+
+
+def _die_with_parent(parent: int) -> None:
+    import signal
+    import sys
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the death signal was set up
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="specdec-parent-watch", daemon=True).start()
+
+
+def _init_worker(parent: int, backend_json: str, replace: tuple[str, str] | None, pieces: dict | None) -> None:
+    global _BACKEND
+    _init_child(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker; the pool is the parallelism
     _BACKEND = Encoder(backend_json, replace, pieces)
 
@@ -204,7 +241,7 @@ class ParallelTokenizer:
     def documents(self, texts: Iterable[str], max_tokens: int | None = None) -> Iterator[np.ndarray]:
         """Stops once ``max_tokens`` ids have been yielded; the last document is cut to fit."""
         pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_init_worker,
-                                   initargs=(self.backend_json, self.replace, self.pieces))
+                                   initargs=(os.getpid(), self.backend_json, self.replace, self.pieces))
         pending: deque = deque()
         total = 0
         try:

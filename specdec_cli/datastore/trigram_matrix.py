@@ -191,6 +191,30 @@ class TrigramMatrix:
         self._cache.pop(key, None)
         self._cumulative.pop(key, None)
 
+    # -- checkpoints (bench --resume) --------------------------------------------------------------------------
+
+    def overlay_state(self) -> list:
+        """The adapted rows as JSON data: ``[[key, [[token, probability], ...]], ...]`` in their order."""
+        return [[key, [[tok, p] for tok, p in row.items()]] for key, row in self.overlay.items()]
+
+    def load_overlay_state(self, state: list) -> None:
+        from ..budget import count, number
+
+        overlay: dict[int, dict[int, float]] = {}
+        for key, row in state:
+            key = count(key)
+            if key >= self.vocab_size * self.vocab_size or len(row) > 1024:
+                raise ValueError("not an adapted row of this matrix")
+            entries = {}
+            for tok, p in row:
+                if count(tok) >= self.vocab_size:
+                    raise ValueError("token id outside the vocabulary")
+                entries[tok] = number(p)
+            overlay[key] = entries
+        self.overlay = overlay
+        self._overlay_keys = None
+        self.clear_cache()
+
     # -- saving -----------------------------------------------------------------------------------------------
 
     def merged_arrays(self) -> dict[str, np.ndarray]:

@@ -77,6 +77,23 @@ class OutputMemory:
         """``(matched n-gram length, rows of up to length tokens, -1 padded)`` after the longest remembered tail."""
         return self.index.lookup(context, length, max_rows)
 
+    # -- checkpoints (bench --resume) --------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {"sequences": [list(seq) for seq in self.sequences], "added": self.added, "forgotten": self.forgotten}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from :meth:`state`'s answer: the same sequences, indexed as adding them one by one had (the
+        index is a pure function of them)."""
+        from ..budget import count
+
+        sequences = [token_list(seq) for seq in state["sequences"]]
+        if sum(len(seq) for seq in sequences) > self.max_tokens:
+            raise ValueError("more tokens than the memory holds")
+        self.sequences = sequences
+        self.added, self.forgotten = count(state["added"]), count(state["forgotten"])
+        self._reindex()
+
     # -- kept across processes ----------------------------------------------------------------------------------
 
     def save(self, folder, fingerprint: str) -> None:
@@ -137,6 +154,14 @@ class OutputMemory:
         memory.add(seq)
         memory.added = 0
         return memory
+
+
+def token_list(value) -> list[int]:
+    """Token ids from JSON data (ValueError for anything else)."""
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                              for t in value):
+        raise ValueError("not a list of token ids")
+    return list(value)
 
 
 def _manifest_file(folder: Path) -> str | None:

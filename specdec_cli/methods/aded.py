@@ -51,6 +51,13 @@ class Aded(Drafter):
         if self.adapt_prompt:  # Fig. 2: the input's tri-grams update the matrix before drafting
             self.learn(prompt)
 
+    def state(self) -> dict:
+        """The adapted tri-gram rows (Algorithm 2 carries over from one generation to the next)."""
+        return {"overlay": self.matrix.overlay_state()}
+
+    def load_state(self, state: dict) -> None:
+        self.matrix.load_overlay_state(state["overlay"])
+
     def learn(self, tokens: list[int]) -> None:
         self.matrix.adjust(tokens, increment=self.increment, max_prob=self.max_prob)
 

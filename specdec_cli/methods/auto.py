@@ -60,6 +60,22 @@ class Gate:
         elif self.net >= 0:
             self.backoff = 1
 
+    def state(self) -> dict:
+        return {"net": self.net, "runs": self.runs, "skip": self.skip, "backoff": self.backoff,
+                "gated": self.gated, "probing": self.probing}
+
+    def load_state(self, state: dict) -> None:
+        from ..budget import count, number
+
+        net = number(state["net"])
+        runs, skip, backoff, gated = (count(state[k]) for k in ("runs", "skip", "backoff", "gated"))
+        if not isinstance(state["probing"], bool):
+            raise ValueError("probing")
+        self.net, self.runs, self.skip, self.backoff, self.gated = net, runs, min(skip, 4096), \
+            max(1, min(backoff, 4096)), gated
+        self.probing = state["probing"]
+        self.probing = state["probing"]
+
 
 class AutoDrafter(Drafter):
     name = "auto"
@@ -101,6 +117,56 @@ class AutoDrafter(Drafter):
                 source.flush()
         if self.memory is not None and self.memory_dir:
             self.memory.save(self.memory_dir, self.fingerprint)
+
+    # -- checkpoints (bench --resume) ---------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """Everything that carries over from one generation to the next: the per-(source, bucket) calibration,
+        the gates, the memory of earlier outputs (with the generation that joins it at the next start) and the
+        tri-gram sources' adapted rows."""
+        memory_sources = [s for s in self.sources if isinstance(s, MemorySource)]
+        return {
+            "calibration": [[name, bucket, cal.state()] for (name, bucket), cal in self.calibration.cells.items()],
+            "gates": {name: gate.state() for name, gate in self.gates.items()},
+            "memory": self.memory.state() if self.memory is not None else None,
+            "pending": [None if s.prompt is None or s.sequence is None else
+                        [list(s.prompt), list(s.sequence[len(s.prompt):])] for s in memory_sources],
+            "trigram": [s.matrix.overlay_state() for s in self.sources if isinstance(s, TrigramSource)],
+        }
+
+    def load_state(self, state: dict) -> None:
+        from ..budget import Calibrator, count
+        from ..drafting.output_memory import token_list
+
+        cells = {}
+        for name, bucket, cal_state in state["calibration"]:
+            if not isinstance(name, str):
+                raise ValueError("calibration source")
+            cal = Calibrator()
+            cal.load_state(cal_state)
+            cells[(name, count(bucket))] = cal
+        gates = state["gates"]
+        if not isinstance(gates, dict) or set(gates) != set(self.gates):
+            raise ValueError("gates of other sources")
+        memory_sources = [s for s in self.sources if isinstance(s, MemorySource)]
+        trigram_sources = [s for s in self.sources if isinstance(s, TrigramSource)]
+        pending, trigram = state["pending"], state["trigram"]
+        if (state["memory"] is None) != (self.memory is None) or len(pending) != len(memory_sources) \
+                or len(trigram) != len(trigram_sources):
+            raise ValueError("state of other sources")
+        for name, gate in self.gates.items():
+            gate.load_state(gates[name])
+        self.calibration.cells = cells
+        if self.memory is not None:
+            self.memory.load_state(state["memory"])
+        for source, item in zip(memory_sources, pending):
+            if item is None:
+                source.prompt = source.sequence = None
+            else:
+                prompt, output = token_list(item[0]), token_list(item[1])
+                source.prompt, source.sequence = prompt, prompt + output
+        for source, rows in zip(trigram_sources, trigram):
+            source.matrix.load_overlay_state(rows)
 
     # -- drafting -------------------------------------------------------------------------------------------------
 

@@ -61,6 +61,20 @@ class RestDrafter(Drafter):
     def accept(self, tokens: list[int], outcome) -> None:
         self.sequence = tokens
 
+    def state(self) -> dict | None:
+        """The memory of earlier outputs (``--opt memory=1``), and the last generation that joins it next."""
+        if self.memory is None:
+            return None
+        return {"memory": self.memory.state(), "sequence": list(self.sequence) if self.sequence else None}
+
+    def load_state(self, state: dict | None) -> None:
+        if self.memory is None or state is None:
+            return
+        from ..drafting.output_memory import token_list
+
+        self.memory.load_state(state["memory"])
+        self.sequence = token_list(state["sequence"]) if state["sequence"] is not None else None
+
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         if max_tokens <= 0:
             return Draft()
