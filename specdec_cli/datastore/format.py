@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -233,7 +234,9 @@ def load_npy(folder: Path, name: str) -> np.ndarray:
     """A read-only memory map of the checked file ``name``; a file that is not a NumPy array is one line that
     names it (never echoing its bytes)."""
     try:
-        return np.load(folder / name, mmap_mode="r", allow_pickle=False)
+        with warnings.catch_warnings():  # a header numpy only warns about (Python 2's) is not one a build wrote
+            warnings.simplefilter("error")
+            return np.load(folder / name, mmap_mode="r", allow_pickle=False)
     except OSError as err:
         raise SpecdecError(f"datastore {folder}: cannot read {name} ({err.strerror or type(err).__name__})") from None
     except Exception:  # numpy's header parser raises ValueError, SyntaxError, TypeError, ... and quotes the bytes

@@ -11,6 +11,7 @@ nodes (Algorithm 2) is ``trees.count_trie`` / ``trees.top_by_count``.
 from __future__ import annotations
 
 import mmap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +188,8 @@ def _load_npy(folder: Path, name: str, populate: bool = False) -> np.ndarray:
     if not (populate and hasattr(mmap, "MAP_POPULATE")):
         return fmt.load_npy(folder, name)
     try:
-        with open(folder / name, "rb") as fh:
+        with open(folder / name, "rb") as fh, warnings.catch_warnings():
+            warnings.simplefilter("error")  # a header numpy only warns about is not one a build wrote
             major, minor = np.lib.format.read_magic(fh)
             read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read_header(fh)
