@@ -149,15 +149,17 @@ def test_one_flipped_byte_that_breaks_a_range_is_reported(tmp_path, tiny, which)
 # --- manifest paths: only plain files inside the store's folder ------------------------------------------------
 
 
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
 @pytest.mark.parametrize("name", ["../../../../../../etc/passwd", "/etc/passwd", "../other/shard-00000.data.npy",
                                   "sub/shard-00000.data.npy", "..", ""])
-def test_shard_paths_outside_the_folder_are_refused(tmp_path, tiny, name):
+def test_shard_paths_outside_the_folder_are_refused(tmp_path, tiny, name, listed):
     other = copy(tiny["root"] / "sa", tmp_path / "other")
     store = copy(tiny["root"] / "sa", tmp_path / "s")
     manifest = manifest_of(store)
     old = manifest["shards"][0]["data"]
     manifest["shards"][0]["data"] = name
-    manifest["files"][name] = manifest["files"].pop(old)  # listed too, as a forger would
+    if listed:  # in `files` too, as a forger would
+        manifest["files"][name] = manifest["files"].pop(old)
     write_manifest(store, manifest)
     message = load_error(SuffixArrayDatastore.load, store)
     assert "not a file name inside the datastore folder" in message

@@ -141,7 +141,11 @@ def range_problem(data: np.ndarray, sa: np.ndarray, width: int, vocab_size: int,
     step = CHUNK * width
     for start in range(0, data.size, step):
         part = np.asarray(data[start:start + step])
-        ids = part.view(">u2") if width == 2 else fmt.decode_tokens(part, width)
+        if width == 2:
+            ids = part.view(">u2")
+        else:  # 3 bytes: uint32 arithmetic on the byte columns (decode_tokens' int64 groups cost 4x the time)
+            cols = part.reshape(-1, 3)
+            ids = (cols[:, 0].astype(np.uint32) << 16) | (cols[:, 1].astype(np.uint32) << 8) | cols[:, 2]
         if ((ids >= vocab_size) & (ids != separator)).any():
             return entry["data"], "token ids outside the vocabulary"
     last = data.size - width  # the last token is a separator: no suffix starts there
