@@ -27,7 +27,7 @@ import torch
 from conftest import tiny_llama
 from specdec_cli.datastore import (SuffixArrayDatastore, TrigramMatrix, build_suffix_array_datastore,
                                    build_trigram_datastore)
-from specdec_cli.datastore import format as fmt
+from specdec_cli.datastore import format as fmt, search
 from specdec_cli.datastore.retrieval import SAMPLE
 from specdec_cli.decoding import Drafter, generate
 from specdec_cli.errors import SpecdecError
@@ -144,6 +144,27 @@ def test_one_flipped_byte_that_breaks_a_range_is_reported(tmp_path, tiny, which)
     assert "corrupt" in message and path.name in message
     with pytest.raises(SpecdecError, match="checksum mismatch"):
         fmt.check_files(store, manifest_of(store), verify=True)
+
+
+def test_compiled_search_bounds_its_reads_without_the_load_checks(tiny):
+    """The kernels alone: suffix-array entries far outside the data (negative, past the end, misaligned) and top-level
+    indexes of the wrong size never make a read leave the arrays (a segfault would end the test run)."""
+    store = SuffixArrayDatastore.load(tiny["root"] / "sa", FP)
+    shard = store.shards[0]
+    data = np.ascontiguousarray(shard.data_u8)
+    rng = np.random.default_rng(0)
+    hostile = np.array(shard.sa_i32)
+    bad = np.array([-2**31, -2**20, -1, -3, data.size, data.size - 1, 2**31 - 1], dtype=np.int64)
+    hostile[::3] = rng.choice(bad, size=hostile[::3].size).astype(np.int32)
+    contexts = [p + o for p, o in zip(tiny["prompts"], tiny["outputs"])] + [[0], [V - 1] * 5]
+    for keys in (shard.keys, shard.keys[: shard.keys.shape[0] // 2], np.concatenate([shard.keys] * 3),
+                 np.zeros((0, search.KEY_BYTES), dtype=np.uint8)):
+        arrays = search.shard_lists([data], [hostile], [np.ascontiguousarray(keys)], [shard.key_stride])
+        for context in contexts:
+            for n in range(1, len(context) + 1):
+                k, total, rows = search.retrieve(*arrays, store.tail(context[:n], 8), 2, 8, 64, 6, fmt.separator(2))
+                assert 0 <= k <= 8 and rows.shape[0] <= 64
+                assert rows.size == 0 or (rows.min() >= -1 and rows.max() < fmt.separator(2))
 
 
 # --- manifest paths: only plain files inside the store's folder ------------------------------------------------
