@@ -167,6 +167,25 @@ def test_compiled_search_bounds_its_reads_without_the_load_checks(tiny):
                 assert rows.size == 0 or (rows.min() >= -1 and rows.max() < fmt.separator(2))
 
 
+def test_a_store_without_the_index_is_still_read(tmp_path, tiny):
+    """Stores built before the top-level index existed: it is sampled at load, after the range checks."""
+    store = copy(tiny["root"] / "sa", tmp_path / "s")
+    manifest = manifest_of(store)
+    keys = manifest["shards"][0].pop("keys")
+    manifest["files"].pop(keys)
+    write_manifest(store, manifest)
+    context = tiny["prompts"][0] + tiny["outputs"][0][:4]
+    expected = SuffixArrayDatastore.load(tiny["root"] / "sa", FP).retrieve(context, 8, 6)
+    got = SuffixArrayDatastore.load(store, FP).retrieve(context, 8, 6)
+    assert got.match_length == expected.match_length > 0
+    assert np.array_equal(got.continuations, expected.continuations)
+    sa = np.load(sa_file(store), mmap_mode="r+")
+    sa[unsampled(sa.size)] = -2**31
+    sa.flush()
+    del sa
+    assert sa_file(store).name in load_error(SuffixArrayDatastore.load, store)
+
+
 # --- manifest paths: only plain files inside the store's folder ------------------------------------------------
 
 
