@@ -124,8 +124,8 @@ def range_problem(data: np.ndarray, sa: np.ndarray, width: int, vocab_size: int,
 
     The data is a whole number of tokens ending with a separator, every token is below the vocabulary size (or a
     separator), and every suffix-array entry is a token-aligned offset inside the data. One vectorised pass over
-    each memory map (min/max/alignment per chunk): about 0.15 s per 64 MB shard of 2-byte tokens. With these, no read of the
-    search leaves its arrays and every drafted id is inside the vocabulary.
+    each memory map (min/max/alignment per chunk): about 0.15 s per 64 MB shard of 2-byte tokens. With these, no
+    read of the search leaves its arrays and every drafted id is inside the vocabulary.
     """
     if data.ndim != 1 or data.dtype != np.uint8:
         return entry["data"], "not a 1-D uint8 array"
