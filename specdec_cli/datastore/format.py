@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -146,21 +148,120 @@ def read_manifest(folder: Path, kind: str = KIND) -> dict:
     for key in REQUIRED[kind]:
         if key not in manifest:
             raise SpecdecError(f"datastore {folder}: {MANIFEST} lacks {key!r}")
+    check_manifest_types(folder, manifest, kind)
     return manifest
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _show(value, limit: int = 40) -> str:
+    """A manifest value for an error message: its repr, one line, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def plain_name(folder: Path, name, what: str) -> str:
+    """``name`` if it is a bare file name (no folder part, no ``..``): manifests may only name files inside the
+    datastore's own folder."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or "\0" in name or Path(name).name != name):
+        raise SpecdecError(f"datastore {folder}: {MANIFEST} names {what} {_show(name)}, which is not a file name "
+                           f"inside the datastore folder")
+    return name
+
+
+def check_manifest_types(folder: Path, manifest: dict, kind: str) -> None:
+    """The values the readers use have the types and ranges they need (a hand-edited or damaged manifest is one
+    SpecdecError line, never a traceback); every file a shard names is listed in ``files``, so the file checks
+    (size, plain file inside the folder, sha256) cover everything that is opened."""
+
+    def bad(key: str, value, want: str):
+        raise SpecdecError(f"datastore {folder}: {MANIFEST} has {key} = {_show(value)}; expected {want}")
+
+    if not isinstance(manifest["tokenizer_fingerprint"], str):
+        bad("tokenizer_fingerprint", manifest["tokenizer_fingerprint"], "a string")
+    vocab = manifest["vocab_size"]
+    if not _is_int(vocab) or vocab < 1:
+        bad("vocab_size", vocab, "a positive whole number")
+    files = manifest["files"]
+    if not isinstance(files, dict) or not files:
+        bad("files", files, "an object of {file name: {bytes, sha256}}")
+    for name, entry in files.items():
+        plain_name(folder, name, "a file")
+        if not isinstance(entry, dict) or not _is_int(entry.get("bytes")) or entry["bytes"] < 0 \
+                or not isinstance(entry.get("sha256"), str):
+            bad(f"files[{name!r}]", entry, "{bytes: whole number, sha256: string}")
+    for key in ("num_tokens", "num_documents"):
+        if key in manifest and (not _is_int(manifest[key]) or manifest[key] < 0):
+            bad(key, manifest[key], "a whole number")
+    if kind != KIND:
+        return
+    width = manifest["token_width"]
+    if width not in (2, 3) or not _is_int(width):
+        bad("token_width", width, "2 or 3")
+    if vocab > (MAX_WIDTH2_VOCAB if width == 2 else MAX_WIDTH3_VOCAB):
+        bad("vocab_size", vocab, f"at most {MAX_WIDTH2_VOCAB if width == 2 else MAX_WIDTH3_VOCAB} ids for "
+                                 f"{width}-byte tokens")
+    shards = manifest["shards"]
+    if not isinstance(shards, list) or not shards:
+        bad("shards", shards, "a non-empty list of {data, sa, keys, ...}")
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            bad(f"shards[{i}]", shard, "an object {data, sa, keys, ...}")
+        for key in ("data", "sa", "keys"):
+            if key == "keys" and shard.get(key) is None:
+                continue  # stores built before the top-level index existed
+            if key not in shard:
+                raise SpecdecError(f"datastore {folder}: {MANIFEST}: shards[{i}] lacks {key!r}")
+            name = plain_name(folder, shard[key], f"shards[{i}].{key} =")
+            if name not in files:
+                raise SpecdecError(f"datastore {folder}: {MANIFEST}: shards[{i}].{key} = {_show(name)} is not "
+                                   f"listed in files")
+        stride = shard.get("key_stride", 32)
+        if not _is_int(stride) or not 1 <= stride < 2**31:
+            bad(f"shards[{i}].key_stride", stride, "a whole number from 1 to 2^31 - 1")
+
+
 def check_files(folder: Path, manifest: dict, verify: bool = False) -> None:
-    """Every listed file exists with its recorded size (cheap, always); with ``verify`` also its sha256."""
+    """Every listed file is a plain file inside ``folder`` (not a link out of it, a FIFO or a device) with its
+    recorded size (cheap, always: one ``stat`` each); with ``verify`` also its sha256."""
+    inside = folder.resolve()
     for name, entry in manifest["files"].items():
-        path = folder / name
-        if not path.is_file():
-            raise SpecdecError(f"datastore {folder}: missing file {name} (truncated copy?)")
-        size = path.stat().st_size
-        if size != entry.get("bytes"):
-            raise SpecdecError(f"datastore {folder}: {name} has {size} bytes, the manifest says {entry.get('bytes')} "
-                               f"(truncated or altered)")
-        if verify and sha256_file(path) != entry.get("sha256"):
+        path = folder / plain_name(folder, name, "a file")
+        try:
+            real = path.resolve()
+            info = real.stat()
+        except FileNotFoundError:
+            raise SpecdecError(f"datastore {folder}: missing file {name} (truncated copy?)") from None
+        except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop (older Pythons)
+            raise SpecdecError(f"datastore {folder}: cannot open {name} "
+                               f"({getattr(err, 'strerror', None) or type(err).__name__})") from None
+        if real.parent != inside:
+            raise SpecdecError(f"datastore {folder}: {name} is a link to a file outside the datastore folder; "
+                               f"refusing to open it")
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecdecError(f"datastore {folder}: {name} is not a plain file; refusing to open it")
+        if info.st_size != entry["bytes"]:
+            raise SpecdecError(f"datastore {folder}: {name} has {info.st_size} bytes, the manifest says "
+                               f"{entry['bytes']} (truncated or altered)")
+        if verify and sha256_file(real) != entry["sha256"]:
             raise SpecdecError(f"datastore {folder}: checksum mismatch for {name} (corrupt file)")
+
+
+def load_npy(folder: Path, name: str) -> np.ndarray:
+    """A read-only memory map of the checked file ``name``; a file that is not a NumPy array is one line that
+    names it (never echoing its bytes)."""
+    try:
+        with warnings.catch_warnings():  # a header numpy only warns about (Python 2's) is not one a build wrote
+            warnings.simplefilter("error")
+            return np.load(folder / name, mmap_mode="r", allow_pickle=False)
+    except OSError as err:
+        raise SpecdecError(f"datastore {folder}: cannot read {name} ({err.strerror or type(err).__name__})") from None
+    except Exception:  # numpy's header parser raises ValueError, SyntaxError, TypeError, ... and quotes the bytes
+        raise SpecdecError(f"datastore {folder} is corrupt ({name}: not a readable NumPy array file); rebuild it"
+                           ) from None
 
 
 def check_tokenizer(folder: Path, manifest: dict, fingerprint: str) -> None:

@@ -4,8 +4,9 @@ REST tries the last ``n_max`` tokens, then one fewer, ... until one occurs in th
 monotone in the length (an occurrence of the last ``k`` tokens contains one of the last ``k - 1``, token-aligned
 and inside one document), so the longest matching length is found by a binary search over ``k`` -- four suffix
 array range searches for ``n_max = 16`` instead of up to sixteen -- and each range search is two binary searches
-over the suffix array comparing raw bytes. Compiled with numba (cached on disk after the first use); without
-numba the same functions run as plain Python, slower but identical.
+over the suffix array comparing raw bytes. Every read is bounded by its array's size whatever the files hold
+(the load also checks every offset: ``retrieval.range_problem``). Compiled with numba (cached on disk after the
+first use); without numba the same functions run as plain Python, slower but identical.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ COMPILED = njit.__module__.startswith("numba") if hasattr(njit, "__module__") el
 def _compare(data, start, query):
     """Sign of ``data[start:start + len(query)]`` vs ``query`` (a shorter, truncated suffix sorts first)."""
     end = data.shape[0]
+    if start < 0:  # never after the checks at load; a bound, not a branch the search takes
+        return -1
     for i in range(query.shape[0]):
         if start + i >= end:
             return -1
@@ -68,7 +71,7 @@ def bracket(keys, stride, n, query):
             a = mid + 1
         else:
             b = mid
-    lo = max(a - 1, 0) * stride
+    lo = min(max(a - 1, 0) * stride, n)  # inside the suffix array even for an index of the wrong size
     b = m
     while a < b:  # first sample above the query
         mid = (a + b) >> 1
@@ -155,7 +158,7 @@ def gather(data, sa, picks, skip, width, cont_len, separator, out, row0):
         for j in range(cont_len):
             token = -1
             off = at + j * width
-            if live and off + width <= end:
+            if live and off >= 0 and off + width <= end:
                 value = 0
                 for b in range(width):
                     value = (value << 8) | data[off + b]

@@ -159,35 +159,66 @@ def write_store(out_dir, arrays: dict[str, np.ndarray], *, fingerprint: str, voc
 
 
 def read_manifest(folder: Path) -> dict:
-    """The shared manifest checks, plus: all four arrays are listed."""
+    """The shared manifest checks, plus: all four arrays are listed, the vocabulary fits the packed keys and
+    ``top_k`` (if present) is a positive whole number."""
     manifest = fmt.read_manifest(folder, KIND)
     missing = [f"{name}.npy" for name in ARRAYS if f"{name}.npy" not in manifest["files"]]
     if missing:
         raise SpecdecError(f"datastore {folder}: the manifest lists no {', '.join(missing)}; rebuild it")
+    if manifest["vocab_size"] ** 3 >= 2 ** 63:
+        raise SpecdecError(f"datastore {folder}: {fmt.MANIFEST} has vocab_size = {manifest['vocab_size']}; "
+                           f"too large for a tri-gram store")
+    top_k = manifest.get("top_k", 12)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise SpecdecError(f"datastore {folder}: {fmt.MANIFEST} has top_k = {fmt._show(top_k)}; expected a positive "
+                           f"whole number")
     return manifest
 
 
 def load_arrays(folder: Path) -> dict[str, np.ndarray]:
-    try:
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
-    except (OSError, ValueError) as err:
-        raise SpecdecError(f"{folder}: unreadable tri-gram array ({err})") from None
+    arrays = {name: fmt.load_npy(folder, f"{name}.npy") for name in ARRAYS}
     for name, dtype in ARRAYS.items():
         if arrays[name].dtype != dtype or arrays[name].ndim != 1:
-            raise SpecdecError(f"{folder}: {name}.npy has the wrong type {arrays[name].dtype}")
+            raise SpecdecError(f"datastore {folder} is corrupt ({name}.npy: not a 1-D {np.dtype(dtype).name} array); "
+                               f"rebuild it")
     return arrays
 
 
+CHUNK = 1 << 22  # entries per vectorised pass of the checks at load (bounds their temporaries)
+
+
+def _chunks(array: np.ndarray, overlap: int = 0):
+    """Consecutive chunks of a memory map as in-memory arrays; each starts ``overlap`` entries before its start."""
+    for start in range(0, array.size, CHUNK):
+        yield np.asarray(array[max(start - overlap, 0): start + CHUNK])
+
+
+def structure_problem(a: dict[str, np.ndarray], vocab_size: int) -> tuple[str, str] | None:
+    """Full checks, one vectorised pass over each array: ``(file, problem)`` or None. CSR invariants (one more
+    offset than keys, starting at 0, non-decreasing, ending at the entry count), next ids inside the vocabulary,
+    counts finite and non-negative, keys strictly increasing and inside ``[0, V * V)``. With these every row
+    lookup stays inside the arrays and every drafted id is a token id."""
+    keys, offsets, next_ids, counts = a["keys"], a["offsets"], a["next_ids"], a["counts"]
+    if offsets.size != keys.size + 1 or next_ids.size != counts.size:
+        return "offsets.npy", "sizes of the arrays do not agree"
+    if offsets[0] != 0 or offsets[-1] != next_ids.size:
+        return "offsets.npy", "row offsets do not span the entries"
+    if any(bool((np.diff(part) < 0).any()) for part in _chunks(offsets, 1)):
+        return "offsets.npy", "row offsets decrease"
+    if any(int(part.min()) < 0 or int(part.max()) >= vocab_size for part in _chunks(next_ids)):
+        return "next_ids.npy", "token ids outside the vocabulary"
+    if any(not bool(((part >= 0) & (part <= np.finfo(np.float32).max)).all()) for part in _chunks(counts)):
+        return "counts.npy", "counts that are negative, infinite or not a number"
+    if any(bool((np.diff(part) <= 0).any()) for part in _chunks(keys, 1)):
+        return "keys.npy", "keys are not sorted"
+    if keys.size and (int(keys[0]) < 0 or int(keys[-1]) >= vocab_size * vocab_size):
+        return "keys.npy", "keys outside the vocabulary"
+    return None
+
+
 def check_structure(folder: Path, a: dict[str, np.ndarray], vocab_size: int) -> None:
-    """CSR invariants (one more offset than keys, offsets non-decreasing and ending at the entry count), next ids
-    inside the vocabulary and sorted keys (a sample): corruption that keeps file sizes is caught at load."""
-    keys, offsets, next_ids = a["keys"], a["offsets"], a["next_ids"]
-    ok = (offsets.size == keys.size + 1 and next_ids.size == a["counts"].size and offsets[0] == 0
-          and offsets[-1] == next_ids.size and bool(np.all(np.diff(offsets) >= 0)))
-    if not ok:
-        raise SpecdecError(f"{folder}: tri-gram store is inconsistent (CSR offsets); rebuild it")
-    if next_ids.size and (int(next_ids.min()) < 0 or int(next_ids.max()) >= vocab_size):
-        raise SpecdecError(f"datastore {folder} is corrupt (next_ids.npy: token ids outside the vocabulary); rebuild "
-                           f"it, or check it with `specdec build-datastore --kind trigram --verify --out {folder}`")
-    if keys.size > 1 and not bool(np.all(np.diff(keys[:: max(1, keys.size // 4096)]) > 0)):
-        raise SpecdecError(f"datastore {folder} is corrupt (keys.npy is not sorted); rebuild it")
+    problem = structure_problem(a, vocab_size)
+    if problem:
+        name, what = problem
+        raise SpecdecError(f"datastore {folder} is corrupt ({name}: {what}); rebuild it, or check it with "
+                           f"`specdec build-datastore --kind trigram --verify --out {folder}`")
