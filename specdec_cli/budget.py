@@ -33,6 +33,7 @@ import numpy as np
 
 from . import trees
 from .errors import SpecdecError
+from .options import parse_budget  # noqa: F401 - re-exported
 from .hardware import Profile
 
 DEPTH_BINS = 8
@@ -46,21 +47,6 @@ GATE_EMA = 0.2  # ... and in the running net value of drafting
 GATE_WARMUP = 8  # drafting steps before a mildly losing drafter is gated (calibration needs a few observations)
 GATE_HOPELESS = -0.5  # ... unless those steps lost more than this many tokens' worth of time
 GATE_RETRY = -0.3  # a drafter whose running net value is above this gets a fresh chance with each generation
-
-
-def parse_budget(spec: str | int | None) -> str | int:
-    """``auto`` (default), ``paper``, or a positive number of draft nodes."""
-    if spec is None or spec == "auto":
-        return "auto"
-    if spec == "paper":
-        return "paper"
-    try:
-        n = int(spec)
-    except (TypeError, ValueError):
-        raise SpecdecError(f"--budget must be auto, paper or a number of draft tokens, got {spec!r}") from None
-    if n < 0:
-        raise SpecdecError(f"--budget must be >= 0, got {n}")
-    return n
 
 
 class Calibrator:

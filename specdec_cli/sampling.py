@@ -8,31 +8,9 @@ with the same settings draws from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    def validate(self) -> "SamplingConfig":
-        from .errors import SpecdecError
-
-        if not self.temperature >= 0 or self.temperature == float("inf"):  # nan fails the comparison
-            raise SpecdecError(f"--temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SpecdecError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise SpecdecError(f"--top-k must be >= 0, got {self.top_k}")
-        return self
+from .options import SamplingConfig  # noqa: F401 - re-exported: the settings are checked without torch
 
 
 def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

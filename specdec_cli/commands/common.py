@@ -14,6 +14,7 @@ from typing import Iterator, List, Optional
 import typer
 
 from ..errors import SpecdecError
+from ..options import MAX_PROMPT_BYTES, check_prompt_size
 
 
 def die(message: str, code: int = 2) -> None:
@@ -63,6 +64,7 @@ def read_prompts(prompt: Optional[str], batch_file: Optional[str]) -> list[str]:
     if prompt is not None and batch_file:
         raise SpecdecError("give either a prompt argument or --batch-file, not both")
     if prompt is not None:
+        check_prompt_size(prompt)
         return [prompt]
     if batch_file:
         prompts = read_prompt_lines(batch_file, "--batch-file")
@@ -85,14 +87,19 @@ def read_prompt_lines(path: str, option: str) -> list[str]:
             raise SpecdecError(f"cannot read {option} {path}: {err.strerror}") from None
         except UnicodeDecodeError:
             raise SpecdecError(f"{option} {path} is not UTF-8 text (one prompt per line)") from None
-    return [line for line in text.splitlines() if line.strip()]
+    lines = [line for line in text.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        check_prompt_size(line, f"prompt {i + 1} of {option} {path}")
+    return lines
 
 
 def read_stdin() -> str:
     """All of stdin as UTF-8 text (a clear error for binary input)."""
     stream = getattr(sys.stdin, "buffer", None)
     try:
-        return stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
+        raw = stream.read(MAX_PROMPT_BYTES + 1) if stream is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1)
+        check_prompt_size(raw, "the prompt on stdin")
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError:
         raise SpecdecError("stdin is not UTF-8 text; pipe a text prompt") from None
 

@@ -52,9 +52,8 @@ def generate(
 ) -> None:
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
-        import torch
-
-        from .. import api
+        from ..methods import METHODS, check_options, precheck_datastore
+        from ..options import SamplingConfig, parse_budget
 
         prompts = read_prompts(prompt, batch_file)
         drafts = list(draft or [])
@@ -68,22 +67,28 @@ def generate(
             options["memory_dir"] = memory  # an auto option: refused for the other methods
         check_generation_args(max_new_tokens, window)
         check_compile(compile)
-        sampling = api.SamplingConfig(temperature, top_p, top_k).validate()
-        if method not in api.METHODS:
-            raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(api.METHODS)}")
+        sampling = SamplingConfig(temperature, top_p, top_k).validate()
+        if method not in METHODS:
+            raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if any(not p.strip() for p in prompts):
             raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
-        from ..methods import check_options, precheck_datastore
-
         check_options([method], options)
+        parse_budget(budget)
+        if threads is not None and threads < 1:
+            raise SpecdecError(f"--threads must be >= 1, got {threads}")
         stores = list(datastore or [])
         precheck_datastore(method, stores)
-        from ..bench import set_threads
-        from ..budget import parse_budget
-
-        parse_budget(budget)
-        set_threads(threads)
         quiet_libraries()
+        if stores:  # a store of another tokenizer: said before the weights load (the tokenizer alone is cheap)
+            from ..datastore import check_stores_tokenizer
+
+            check_stores_tokenizer(stores, model)
+        import torch
+
+        from .. import api
+        from ..bench import set_threads
+
+        set_threads(threads)
         target, draft_models = api.load(model, drafts, dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
         drafter = api.make_drafter(method, target, draft_models, datastore=stores, window=window, options=options,

@@ -52,11 +52,25 @@ def store_kind(folder) -> str:
     return manifest["kind"]
 
 
+def check_stores_tokenizer(folders, model: str) -> None:
+    """Each store was built with ``model``'s tokenizer: checked with the tokenizer alone, before weights load."""
+    import json
+    from pathlib import Path
+
+    from ..models import load_tokenizer, tokenizer_fingerprint
+    from .format import MANIFEST, check_tokenizer
+
+    fingerprint = tokenizer_fingerprint(load_tokenizer(model))
+    for folder in folders:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text())  # read and checked by the pre-check
+        check_tokenizer(Path(folder), manifest, fingerprint)
+
+
 def open_store(folder, fingerprint: str | None = None, verify: bool = False):
     """``(kind, store)`` for a datastore of any kind."""
     kind = store_kind(folder)
     return kind, KINDS[kind].load(folder, fingerprint=fingerprint, verify=verify)
 
 
-__all__ = ["store_kind", "open_store", "KINDS", "Kind", "build_suffix_array_datastore", "build_trigram_datastore", "SuffixArrayDatastore",
+__all__ = ["store_kind", "open_store", "check_stores_tokenizer", "KINDS", "Kind", "build_suffix_array_datastore", "build_trigram_datastore", "SuffixArrayDatastore",
            "TrigramMatrix", "FORMAT_VERSION", "token_width"]

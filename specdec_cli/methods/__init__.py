@@ -8,8 +8,12 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from ..decoding import Drafter
+from typing import TYPE_CHECKING
+
 from ..errors import SpecdecError
+
+if TYPE_CHECKING:  # the registry is read without torch (`specdec methods`, option checks before loading)
+    from ..decoding import Drafter
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,12 @@ def check_options(methods: list[str], given) -> None:
     known = {key: name for name in methods if name in METHODS for key in METHODS[name].options}
     unknown = sorted(set(given) - set(known))
     if not unknown:
+        for key, value in given.items():  # values too: a typo fails now, not after the model loaded
+            spec = METHODS[known[key]].options[key]
+            try:
+                spec.type(value)
+            except (TypeError, ValueError):
+                raise SpecdecError(f"--opt {key}={value!r}: expected {spec.type.__name__}") from None
         return
     listed = ", ".join(f"{k} ({METHODS[m].options[k].default})" for k, m in sorted(known.items())) or "none"
     which = f"--method {methods[0]}" if len(methods) == 1 else f"methods {', '.join(methods)}"
@@ -138,7 +148,7 @@ def check_options(methods: list[str], given) -> None:
                        "(see `specdec methods`)")
 
 
-def build_drafter(method: str, ctx: MethodContext) -> Drafter:
+def build_drafter(method: str, ctx: MethodContext) -> "Drafter":
     info = METHODS.get(method)
     if info is None:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
