@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 from .errors import SpecdecError
 
+HF_BASELINES = {  # transformers' own decoding, as bench baselines
+
+    "hf": "transformers generate(), greedy",
+    "hf-assisted": "transformers generate(assistant_model=first --draft)",
+    "hf-pld": "transformers generate(prompt_lookup_num_tokens=10)",
+    "hf-static": "transformers generate(cache_implementation='static'), compiled by transformers where it compiles",
+}
 MAX_PROMPT_BYTES = 8 << 20  # no model's context holds more text than this; larger prompts are refused unread
 
 

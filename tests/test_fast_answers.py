@@ -53,6 +53,11 @@ def test_listings_need_no_torch():
     (["generate", "--method", "pld", "--opt", "nope=1", "hi"], "unknown --opt"),
     (["generate", "   "], "empty prompt"),
     (["generate", "--datastore", "/nonexistent", "hi"], "no readable specdec datastore"),
+    (["bench", "-n", "0"], "--max-new-tokens"),
+    (["bench", "--methods", "ar,nope"], "unknown method"),
+    (["bench", "--tolerance", "2"], "--tolerance"),
+    (["bench", "--methods", "ar,rest", "--opt", "verify=x"], "expected int"),
+    (["bench", "--temperature", "inf"], "--temperature"),
 ])
 def test_argument_errors_come_before_torch(args, needle):
     (result,), torch_imported = probe([args])

@@ -8,12 +8,7 @@ from typing import Callable
 from .. import api
 from ..errors import SpecdecError
 
-HF_BASELINES = {
-    "hf": "transformers generate(), greedy",
-    "hf-assisted": "transformers generate(assistant_model=first --draft)",
-    "hf-pld": "transformers generate(prompt_lookup_num_tokens=10)",
-    "hf-static": "transformers generate(cache_implementation='static'), compiled by transformers where it compiles",
-}
+from ..options import HF_BASELINES  # noqa: E402,F401 - re-exported (torch-free: checked before loading)
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
 RECORD_SCHEMA = "specdec-bench/1"

@@ -21,6 +21,31 @@ KERNELS_HELP = "target's CPU linear kernels: auto (measured per row count, cache
 PROMPTS_HELP = "mt-bench, humaneval, gsm8k, alpaca, rag, gsm8k-sample, alpaca-sample, or a .jsonl file"
 
 
+def check_cheap_arguments(methods, tolerance, budget, compile, max_new_tokens, window, temperature, threads,
+                          options) -> None:
+    """Everything that needs no model and no torch, before either is imported (an error comes in well under 1 s)."""
+    from ..errors import SpecdecError
+    from ..methods import METHODS, check_options
+    from ..options import HF_BASELINES, SamplingConfig, parse_budget
+    from .common import check_compile
+
+    if not 0 <= tolerance < 1:
+        raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
+    for name in methods:
+        if name not in METHODS and name not in HF_BASELINES:
+            raise SpecdecError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *HF_BASELINES])}")
+    parse_budget(budget)
+    check_compile(compile)
+    if max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if window is not None and window < 1:
+        raise SpecdecError(f"--window must be >= 1, got {window}")
+    if threads is not None and threads < 1:
+        raise SpecdecError(f"--threads must be >= 1, got {threads}")
+    SamplingConfig(temperature=temperature).validate()
+    check_options([m for m in methods if m in METHODS] or ["ar"], options)
+
+
 def split_methods(methods: List[str]) -> list[str]:
     return [m.strip() for item in methods for m in item.split(",") if m.strip()]
 
@@ -62,11 +87,11 @@ def bench(
     from .common import check_compile, parse_opts, quiet_libraries, user_errors
 
     with user_errors():
+        check_cheap_arguments(split_methods(methods), tolerance, budget, compile, max_new_tokens, window, temperature,
+                              threads, parse_opts(opt))
         from .. import api, bench as lib
         from ..errors import SpecdecError
 
-        if not 0 <= tolerance < 1:
-            raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
