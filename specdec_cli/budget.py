@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import trees
-from .errors import SpecdecError
 from .options import parse_budget  # noqa: F401 - re-exported
 from .hardware import Profile
 

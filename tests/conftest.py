@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +96,25 @@ def chisquare_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
         obs = torch.cat([obs, counts[rest].sum().view(1)])
         exp = torch.cat([exp, (expected[rest] * n).sum().view(1)])
     return float(chisquare(obs.numpy(), exp.numpy() * (obs.sum() / exp.sum()).item()).pvalue)
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    """Every file under ``roots`` with its sha256 (what 'nothing changed or removed' compares)."""
+    out = {}
+    for root in roots:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+        for f in files:
+            out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def assert_user_error(proc, *needles) -> str:
+    """A finished ``specdec`` process failed as a user error: exit 2, one ``specdec: error:`` line, no traceback."""
+    err = proc.stderr.decode("utf-8", "replace")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

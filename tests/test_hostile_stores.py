@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import assert_user_error, tiny_llama
 from specdec_cli.datastore import (SuffixArrayDatastore, TrigramMatrix, build_suffix_array_datastore,
                                    build_trigram_datastore)
 from specdec_cli.datastore import format as fmt, search
@@ -451,17 +451,6 @@ def test_fuzz_trigram_store(tmp_path, tiny):
 
 def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*CMD, *map(str, args)], capture_output=True, env=ENV, timeout=timeout)
-
-
-def assert_user_error(proc, *needles) -> str:
-    err = proc.stderr.decode("utf-8", "replace")
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert proc.returncode == 2, err
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def generate_with(store: Path, method: str = "rest") -> subprocess.CompletedProcess:

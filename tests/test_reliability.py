@@ -8,7 +8,6 @@ three seconds of imports); stdin, signals, kills and real output conventions run
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -23,6 +22,8 @@ import pytest
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 CMD = [sys.executable, "-m", "specdec_cli.cli"]
 BINARY = bytes(range(256)) * 4  # not UTF-8
+
+from conftest import assert_user_error, snapshot
 
 
 def run(*args, stdin: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -70,27 +71,6 @@ def no_corpus(monkeypatch):
         raise AssertionError("the corpus was read before the bad --out was refused")
 
     monkeypatch.setattr(pipeline, "iter_documents", iter_documents)
-
-
-def snapshot(*roots: Path) -> dict[str, str]:
-    """Every file under ``roots`` with its sha256 (what 'nothing changed or removed' compares)."""
-    out = {}
-    for root in roots:
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
-        for f in files:
-            out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
-    return out
-
-
-def assert_user_error(proc, *needles) -> str:
-    err = proc.stderr.decode("utf-8", "replace")
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert proc.returncode == 2, err
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # --- fixtures: small valid stores for smollm2 ----------------------------------------------------------------

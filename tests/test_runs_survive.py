@@ -7,7 +7,6 @@ left behind."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -23,29 +22,11 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZ
 CMD = [sys.executable, "-m", "specdec_cli.cli"]
 BINARY = bytes(range(256)) * 16  # 4,096 bytes, not UTF-8
 
+from conftest import assert_user_error, snapshot
+
 
 def run(*args, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([*CMD, *map(str, args)], capture_output=True, env=ENV, timeout=timeout, **kwargs)
-
-
-def snapshot(*roots: Path) -> dict[str, str]:
-    out = {}
-    for root in roots:
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
-        for f in files:
-            out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
-    return out
-
-
-def assert_user_error(proc, *needles) -> str:
-    err = proc.stderr.decode("utf-8", "replace")
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert proc.returncode == 2, err
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def processes_with(marker: str) -> list[int]:

@@ -84,13 +84,12 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
 ) -> None:
     """Benchmark methods side by side: tokens/s, speedup vs ar, accepted length, sigma, eta, identical outputs."""
-    from .common import check_compile, parse_opts, quiet_libraries, user_errors
+    from .common import parse_opts, quiet_libraries, user_errors
 
     with user_errors():
         check_cheap_arguments(split_methods(methods), tolerance, budget, compile, max_new_tokens, window, temperature,
                               threads, parse_opts(opt))
         from .. import api, bench as lib
-        from ..errors import SpecdecError
 
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
@@ -106,17 +105,9 @@ def bench(
             check_folder(memory)
         from dataclasses import asdict
 
-        from ..budget import parse_budget
         from ..checkpoint import Checkpoint
         from ..errors import Interrupted
 
-        parse_budget(budget)
-        check_compile(compile)
-        if max_new_tokens < 1:
-            raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-        if window is not None and window < 1:
-            raise SpecdecError(f"--window must be >= 1, got {window}")
-        api.SamplingConfig(temperature=temperature).validate()  # nan/inf: now, not in torch after the model loads
         lib.set_threads(threads)
         lib.datastore_for("rest", cfg.datastore)  # ... and on ambiguous --datastore values
         from ..methods import check_options, precheck_datastore
