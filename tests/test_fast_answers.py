@@ -87,5 +87,12 @@ def test_a_store_of_another_tokenizer_is_refused_before_the_weights_load(tmp_pat
     out = tmp_path / "store"
     build_suffix_array_datastore([[1, 2, 3, 4]], out, fingerprint="0" * 64, vocab_size=49152, progress=False)
     monkeypatch.setattr(api, "load", lambda *a, **k: pytest.fail("model weights loaded before the store check"))
-    result = CliRunner().invoke(app, ["generate", "--datastore", str(out), "hi"])
-    assert result.exit_code == 2 and "another tokenizer" in result.stderr
+    for args in (["generate", "--datastore", str(out), "hi"],
+                 ["bench", "--methods", "ar,rest,auto", "--datastore", f"rest={out}", "--datastore", f"auto={out}"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "another tokenizer" in result.stderr, args
+
+
+def test_inspect_entropy_arguments_come_before_torch():
+    results, torch_imported = probe([["inspect-entropy", "-n", "0", "hi"], ["inspect-entropy", "--window", "0", "hi"]])
+    assert [r["code"] for r in results] == [2, 2] and not torch_imported

@@ -113,8 +113,15 @@ def bench(
         from ..methods import check_options, precheck_datastore
 
         check_options([m for m in cfg.methods if m in api.METHODS], cfg.options)
+        stores = []
         for name in cfg.methods:
-            precheck_datastore(name, lib.datastore_for(name, cfg.datastore))
+            found = lib.datastore_for(name, cfg.datastore)
+            precheck_datastore(name, found)
+            stores += [found] if isinstance(found, str) else list(found or [])
+        if stores:  # of another tokenizer: said with the tokenizer alone, before the weights load
+            from ..datastore import check_stores_tokenizer
+
+            check_stores_tokenizer(sorted(set(stores)), model)
         # every file the run reads or writes at its end is checked now: a bad one never costs a finished run
         old_records = lib.read_records(compare_to) if compare_to else None
         if plot:

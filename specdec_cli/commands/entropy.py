@@ -76,14 +76,17 @@ def inspect_entropy(
     from ..errors import SpecdecError
 
     with user_errors():
-        from .. import api, entropy_stats
+        from ..options import SamplingConfig
 
         texts = read_entropy_prompts(prompts, prompts_file, use_stdin)
         if window < 1:
             raise SpecdecError(f"--window must be >= 1, got {window}")
         if max_new_tokens < 1:
             raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-        sampling = api.SamplingConfig(temperature).validate()
+        if threads is not None and threads < 1:
+            raise SpecdecError(f"--threads must be >= 1, got {threads}")
+        sampling = SamplingConfig(temperature).validate()
+        from .. import api, entropy_stats  # torch: only now that the arguments are known to be good
         from ..bench import set_threads
 
         set_threads(threads)
