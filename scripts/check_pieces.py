@@ -14,8 +14,8 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from specdec_cli.corpora import iter_documents
-from specdec_cli.datastore.tokenize import Encoder, _tasks, tokenizer_info
+from specdec_cli.io.corpora import iter_documents
+from specdec_cli.datastore.tokenizing.tokenize import Encoder, _tasks, tokenizer_info
 
 _PAIR = None
 

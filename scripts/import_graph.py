@@ -1,5 +1,6 @@
 """Print specdec_cli's module import graph (every import, top-level or inside functions, and the registry's
-dynamic ``importlib.import_module`` of method modules) and exit 1 if it has a cycle.
+dynamic ``importlib.import_module`` of method modules) and exit 1 if it has a cycle or an import that goes up
+the layers (:data:`LAYERS`: a module imports only from its own package or from layers below its own).
 
     python scripts/import_graph.py            # floor list: module -> the specdec modules it imports
 """
@@ -11,6 +12,34 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "specdec_cli"
+LAYERS = [  # top first; each entry is a module or a package of specdec_cli
+    ("cli",),
+    ("commands",),
+    ("bench",),
+    ("api",),
+    ("methods",),
+    ("drafting",),
+    ("engine",),
+    ("datastore",),
+    ("runtime",),
+    ("io",),
+    ("config", "errors", ""),
+]
+
+
+def layer_of(module: str) -> int:
+    """Index of ``module``'s layer in :data:`LAYERS` (0 = top)."""
+    name = module.removeprefix("specdec_cli").removeprefix(".")
+    head = name.split(".")[0]
+    for i, members in enumerate(LAYERS):
+        if head in members:
+            return i
+    raise KeyError(f"{module} is in no layer: add it to LAYERS")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above its own."""
+    return [f"{m} -> {d}" for m in sorted(graph) for d in sorted(graph[m]) if layer_of(d) < layer_of(m)]
 
 
 def module_name(path: Path) -> str:
@@ -77,6 +106,12 @@ def main() -> int:
                 print("CYCLE: " + " -> ".join(cycle), file=sys.stderr)
                 return 1
     print("no import cycles", file=sys.stderr)
+    upward = upward_imports(graph)
+    for line in upward:
+        print(f"UPWARD: {line}", file=sys.stderr)
+    if upward:
+        return 1
+    print("every import goes down the layers", file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,7 @@ other linear layers, the KV-cache append (``aten::cat`` in transformers' ``Dynam
 attention, Python time between the ops (transformers' module calls), and the other ops (norms, activations,
 rotary embeddings). It also times the prefill of the context: with all logits (what the engine did
 before) and with none (what it does now). ``--cache dynamic`` uses transformers' ``DynamicCache`` instead of
-:mod:`specdec_cli.kvcache`. Output: a Markdown table, or JSON with ``--json``.
+:mod:`specdec_cli.runtime.kvcache`. Output: a Markdown table, or JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ def main() -> None:
     from transformers import DynamicCache
 
     torch.set_num_threads(args.threads)
-    from specdec_cli import engine, kernels
-    from specdec_cli.models import load_model
+    from specdec_cli.runtime import forward as engine
+    from specdec_cli.runtime import kernels
+    from specdec_cli.io.models import load_model
 
     target = load_model(args.model, dtype="float32", device="cpu")
     model = target.model

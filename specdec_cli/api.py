@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import sys
 
-from . import hardware, kernels
-from .budget import Budget, parse_budget
-from .decoding import Drafter, GenerationResult, generate
+from .runtime import profile as hardware
+from .runtime import kernels
+from .engine.budget import Budget, parse_budget
+from .engine.loop import Drafter, GenerationResult, generate
 from .errors import SpecdecError
 from .methods import METHODS, MethodContext, build_drafter, check_options
-from .models import LoadedModel, load_draft, load_model
-from .sampling import SamplingConfig
+from .io.models import LoadedModel, load_draft, load_model
+from .engine.sampling import SamplingConfig
 
 __all__ = ["load", "encode_prompt", "make_drafter", "run", "decode", "METHODS", "SamplingConfig", "SpecdecError"]
 
@@ -32,7 +33,7 @@ def note(message: str) -> None:
 def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "auto", device: str = "auto",
          kernel_mode: str = "auto") -> tuple[LoadedModel, list[LoadedModel]]:
     """The target and its drafts. ``kernel_mode="auto"`` swaps the target's float32 CPU linear layers for
-    :mod:`specdec_cli.kernels`' measured ones (after the drafts are copied from it); ``"torch"`` keeps PyTorch's."""
+    :mod:`specdec_cli.runtime.kernels`' measured ones (after the drafts are copied from it); ``"torch"`` keeps PyTorch's."""
     if kernel_mode not in ("auto", "torch"):
         raise SpecdecError(f"--kernels must be auto or torch, got {kernel_mode!r}")
     target = load_model(model, dtype, device)
@@ -75,7 +76,7 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
                  datastore: str | list[str] | None = None,
                  window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto",
                  check: bool = True, compile: str = "auto") -> Drafter:
-    """A drafter for ``method`` with its :class:`~specdec_cli.budget.Budget` (``auto``: priced with this machine's
+    """A drafter for ``method`` with its :class:`~specdec_cli.engine.budget.Budget` (``auto``: priced with this machine's
     measured forward times of ``target``, measured once and cached). ``datastore``: a folder, or for ``auto`` a list
     of folders of any kinds. ``check=False``: the caller has checked
     ``options`` against several methods that share them (bench)."""
@@ -90,7 +91,7 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     drafter = build_drafter(method, ctx)
     if method == "ar":  # nothing to select or gate
         mode = "paper"
-    from .fastpath import resolve  # the budget prices drafts with the forward times of the path that runs them
+    from .runtime.static_cache import resolve  # the budget prices drafts with the forward times of the path that runs them
 
     fast = resolve(compile, target.model)
     profile = hardware.profile_for(target.model, progress=note, fast=fast) if mode == "auto" else None
@@ -101,10 +102,10 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
 def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, *, max_new_tokens: int = 128,
         sampling: SamplingConfig = SamplingConfig(), seed: int = 0, on_tokens=None,
         compile: str = "auto") -> GenerationResult:
-    """``compile``: ``--compile`` (auto, on, off, static; :func:`specdec_cli.fastpath.resolve`)."""
+    """``compile``: ``--compile`` (auto, on, off, static; :func:`specdec_cli.runtime.static_cache.resolve`)."""
     if max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    from .fastpath import resolve
+    from .runtime.static_cache import resolve
 
     return generate(target.model, prompt_ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling.validate(),
                     seed=seed, stop_ids=target.stop_ids, on_tokens=on_tokens, fast=resolve(compile, target.model))

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import typer
 
-from .commands import bench, datastore, entropy, generate, info
+from .commands import bench
+from .commands import datastore
+from .commands import entropy
+from .commands import generate
+from .commands import info
 
 app = typer.Typer(
     name="specdec",

@@ -22,8 +22,8 @@ CHAT_PROMPTS = [
 @pytest.fixture(scope="session")
 def smollm2():
     """The target as users get it from ``api.load``: float32 on the CPU with the tuned linear kernels."""
-    from specdec_cli import kernels
-    from specdec_cli.models import load_model
+    from specdec_cli.runtime import kernels
+    from specdec_cli.io.models import load_model
 
     target = load_model("smollm2-135m", dtype="float32", device="cpu")
     kernels.install(target.model)
@@ -32,7 +32,7 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def smollm2_int8(smollm2):
-    from specdec_cli.models import load_draft
+    from specdec_cli.io.models import load_draft
 
     return load_draft("int8:", smollm2)
 
@@ -63,7 +63,7 @@ def tiny_gemma3(vocab: int = 16, seed: int = 0, window: int = 4):
 
 def chain_logits(model, tokens):
     """Logits of a plain chain forward over ``tokens`` on a fresh (growing, eager) cache."""
-    from specdec_cli import engine
+    from specdec_cli.runtime import forward as engine
 
     return engine.forward_chain(model, engine.new_cache(), tokens)
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.mcts import MCTSConfig, exploration, puct, run_mcts
-from specdec_cli.trees import merge_paths
+from specdec_cli.drafting.mcts import MCTSConfig, exploration, puct, run_mcts
+from specdec_cli.engine.trees import merge_paths
 from specdec_cli.datastore import TrigramMatrix, build_trigram_datastore
 
 V = 10

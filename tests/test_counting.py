@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specdec_cli.trees import count_trie, top_by_count
+from specdec_cli.drafting.count_trie import count_trie, top_by_count
 
 
 def reference_count_trie(continuations):
@@ -90,7 +90,9 @@ def _store(tmp_path, rng, vocab, docs=40, shard_bytes=None):
 
 @pytest.mark.parametrize("vocab,stride", [(5, 1), (5, 4), (300, 3), (70000, 2)])
 def test_indexed_search_equals_full_search(tmp_path, vocab, stride):
-    from specdec_cli.datastore import SuffixArrayDatastore, format as fmt, search
+    from specdec_cli.datastore import SuffixArrayDatastore
+    from specdec_cli.datastore import format as fmt
+    from specdec_cli.datastore.suffix_array import search
 
     rng = np.random.default_rng(vocab + stride)
     folder, corpus = _store(tmp_path, rng, vocab)
@@ -159,7 +161,7 @@ def test_rest_context_source_leads_the_tree(tmp_path):
     branch of rest's tree, even where the datastore knows something else; with it off, only the datastore."""
     from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
     from specdec_cli.methods.rest import RestDrafter
-    from specdec_cli.sampling import SamplingConfig
+    from specdec_cli.engine.sampling import SamplingConfig
 
     build_suffix_array_datastore([[1, 2, 3, 4], [7, 2, 3, 9, 9]], tmp_path / "ds", fingerprint="fp", vocab_size=20,
                                  progress=False)

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec_cli.corpora import iter_documents, iter_json_array, record_texts, tokenize_documents
+from specdec_cli.io.corpora import iter_documents, iter_json_array, record_texts, tokenize_documents
 from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
-from specdec_cli.trees import count_trie as build_trie, top_by_count as select_top
+from specdec_cli.drafting.count_trie import count_trie as build_trie, top_by_count as select_top
 from specdec_cli.datastore import format as fmt
-from specdec_cli.datastore.build import aligned_suffixes, shard_bytes_array
+from specdec_cli.datastore.suffix_array.build import aligned_suffixes, shard_bytes_array
 from specdec_cli.errors import SpecdecError
 
 SAMPLE = Path(__file__).resolve().parent.parent / "datastores" / "samples" / "ultrachat-sample.jsonl"

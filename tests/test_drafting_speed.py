@@ -12,7 +12,7 @@ import pytest
 
 from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
 from specdec_cli.drafting.output_memory import OutputMemory
-from specdec_cli.mcts import MCTSConfig, reachable, run_mcts
+from specdec_cli.drafting.mcts import MCTSConfig, reachable, run_mcts
 from specdec_cli.datastore import TrigramMatrix
 
 VOCAB = 50
@@ -82,7 +82,7 @@ def test_output_memory_finds_what_was_written():
 
 
 def test_repeated_prompt_sets():
-    from specdec_cli.prompts import load_prompts
+    from specdec_cli.io.prompts import load_prompts
 
     prompts = load_prompts("humaneval*2", limit=2)
     assert [p.id for p in prompts] == ["HumanEval/0#1", "HumanEval/0#2", "HumanEval/1#1", "HumanEval/1#2"]
@@ -90,7 +90,7 @@ def test_repeated_prompt_sets():
 
 
 def test_corpora_join_with_commas():
-    from specdec_cli.corpora import iter_documents
+    from specdec_cli.io.corpora import iter_documents
     from specdec_cli.errors import SpecdecError
 
     docs = iter_documents("python-stdlib,python-stdlib", limit_docs=3)

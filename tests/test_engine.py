@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from specdec_cli import engine
-from specdec_cli.decoding import Drafter, generate
-from specdec_cli.sampling import SamplingConfig, logits_to_probs, pick
-from specdec_cli.verify import verify_rejection, verify_tree
+from specdec_cli.runtime import forward as engine
+from specdec_cli.engine.loop import Drafter, generate
+from specdec_cli.engine.sampling import SamplingConfig, logits_to_probs, pick
+from specdec_cli.engine.verify import verify_rejection, verify_tree
 
 from conftest import assert_tree_rows_match_chains, chain_logits, chisquare_pvalue, tiny_gemma3, tiny_llama
 
@@ -121,7 +121,7 @@ class RandomChainDrafter(Drafter):
 
     def __init__(self, draft_model, k):
         from specdec_cli.methods.sd import SpeculativeSampling
-        from specdec_cli.models import LoadedModel
+        from specdec_cli.io.models import LoadedModel
 
         self.inner = SpeculativeSampling(LoadedModel(draft_model, None, "tiny-draft", False), 8, k)
 
@@ -145,7 +145,7 @@ def exact_two_token_distribution(model, prompt, cfg):
 
 def sd_two_token_pvalue(target, draft, n: int = 1500, fast: str = "off") -> float:
     """Chi-square p-value of the first two tokens sd samples (n seeds) against the target's exact law
-    (``fast``: the engine path of the target, :mod:`specdec_cli.fastpath`)."""
+    (``fast``: the engine path of the target, :mod:`specdec_cli.runtime.static_cache`)."""
     cfg = SamplingConfig(temperature=1.0)
     prompt = [1, 4, 2]
     expected = exact_two_token_distribution(target, prompt, cfg).cpu()

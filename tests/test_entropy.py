@@ -8,8 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specdec_cli.entropy_stats import collect_entropies, describe, entropy_report, plot_histogram
-from specdec_cli.models import LoadedModel
+from specdec_cli.bench.entropy import collect_entropies, describe, entropy_report, plot_histogram
+from specdec_cli.io.models import LoadedModel
 
 from conftest import tiny_llama
 
@@ -28,7 +28,7 @@ def test_describe_quartiles():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_collect_entropies_on_tiny_model(tmp_path, temperature):
-    from specdec_cli.sampling import SamplingConfig
+    from specdec_cli.engine.sampling import SamplingConfig
 
     target = TinyLoaded(tiny_llama(seed=0), None, "tiny", False)
     draft = TinyLoaded(tiny_llama(seed=1), None, "tiny-draft", False)

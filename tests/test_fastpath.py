@@ -13,8 +13,9 @@ import shutil
 import pytest
 import torch
 
-from specdec_cli import engine, fastpath
-from specdec_cli.decoding import Drafter, Draft, generate
+from specdec_cli.runtime import forward as engine
+from specdec_cli.runtime import static_cache as fastpath
+from specdec_cli.engine.loop import Drafter, Draft, generate
 
 from conftest import assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
 
@@ -104,7 +105,7 @@ def test_draft_models_follow_the_target_onto_the_static_path(copy_of_target):
     """sd's draft model runs on its own static cache when the target does (taking the target's keys/values when
     it is a copy of it); outputs equal the eager loop's."""
     from specdec_cli.methods.sd import SpeculativeSampling
-    from specdec_cli.models import LoadedModel
+    from specdec_cli.io.models import LoadedModel
 
     target = tiny_llama(vocab=16, seed=0)
     draft_model = tiny_llama(vocab=16, seed=0 if copy_of_target else 1)  # a copy: same weights, another object

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_cli import api, engine
+from specdec_cli import api
+from specdec_cli.runtime import forward as engine
 
 from conftest import CHAT_PROMPTS, assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
 

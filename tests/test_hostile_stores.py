@@ -25,13 +25,13 @@ import pytest
 import torch
 
 from conftest import assert_user_error, tiny_llama
-from specdec_cli.datastore import (SuffixArrayDatastore, TrigramMatrix, build_suffix_array_datastore,
-                                   build_trigram_datastore)
-from specdec_cli.datastore import format as fmt, search
-from specdec_cli.datastore.retrieval import SAMPLE
-from specdec_cli.decoding import Drafter, generate
+from specdec_cli.datastore import (SuffixArrayDatastore, TrigramMatrix, build_suffix_array_datastore, build_trigram_datastore)
+from specdec_cli.datastore import format as fmt
+from specdec_cli.datastore.suffix_array import search
+from specdec_cli.datastore.suffix_array.retrieval import SAMPLE
+from specdec_cli.engine.loop import Drafter, generate
 from specdec_cli.errors import SpecdecError
-from specdec_cli.mcts import MCTSConfig
+from specdec_cli.drafting.mcts import MCTSConfig
 from specdec_cli.methods.aded import Aded
 from specdec_cli.methods.rest import RestDrafter
 

@@ -10,12 +10,12 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_cli import api
-from specdec_cli.decoding import Outcome, generate
-from specdec_cli.draft_model import DraftModel
+from specdec_cli.engine.loop import Outcome, generate
+from specdec_cli.drafting.draft_model import DraftModel
 from specdec_cli.methods.hsddw import Hsddw
 from specdec_cli.methods.self_verify import EntropyThreshold, SelfVerify, window_summary
-from specdec_cli.models import LoadedModel
-from specdec_cli.sampling import SamplingConfig, logits_to_probs
+from specdec_cli.io.models import LoadedModel
+from specdec_cli.engine.sampling import SamplingConfig, logits_to_probs
 
 from conftest import CHAT_PROMPTS, tiny_llama
 
@@ -28,7 +28,7 @@ NEW_TOKENS = 40
 @pytest.fixture(scope="module")
 def real(smollm2, smollm2_int8):
     """Target, M1 = int8 copy, M2 = bf16 copy, and ar's greedy outputs for two prompts."""
-    from specdec_cli.models import load_draft
+    from specdec_cli.io.models import load_draft
 
     bf16 = load_draft("bf16:", smollm2)
     expected = []

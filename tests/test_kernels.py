@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec_cli import kernels
+from specdec_cli.runtime import kernels
 
 from conftest import tiny_llama
 

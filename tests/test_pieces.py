@@ -16,9 +16,9 @@ import sysconfig
 import numpy as np
 import pytest
 
-from specdec_cli.datastore.pieces import PieceEncoder, piece_rule
-from specdec_cli.datastore.search import COMPILED
-from specdec_cli.datastore.tokenize import Encoder, python_normalized
+from specdec_cli.datastore.tokenizing.pieces import PieceEncoder, piece_rule
+from specdec_cli.datastore.suffix_array.search import COMPILED
+from specdec_cli.datastore.tokenizing.tokenize import Encoder, python_normalized
 
 pytestmark = pytest.mark.skipif(not COMPILED, reason="the piece cache is used only with numba")
 
@@ -154,7 +154,7 @@ def test_real_tokenizers_exact(model, package, kind):
 
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} not installed")
-    from specdec_cli.datastore.tokenize import tokenizer_info
+    from specdec_cli.datastore.tokenizing.tokenize import tokenizer_info
 
     info = tokenizer_info(model)
     assert info["pieces"] is not None and info["pieces"]["kind"] == kind

@@ -78,7 +78,7 @@ def no_corpus(monkeypatch):
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, smollm2):
-    from specdec_cli.corpora import iter_documents, tokenize_documents
+    from specdec_cli.io.corpora import iter_documents, tokenize_documents
     from specdec_cli.datastore import build_suffix_array_datastore
     from specdec_cli.datastore import build_trigram_datastore
 

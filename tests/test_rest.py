@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specdec_cli import api
-from specdec_cli.corpora import iter_documents, stdlib_files, tokenize_documents
+from specdec_cli.io.corpora import iter_documents, stdlib_files, tokenize_documents
 from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
 from specdec_cli.errors import SpecdecError
 

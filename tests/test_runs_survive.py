@@ -318,7 +318,7 @@ def test_learned_state_round_trips_and_hostile_state_is_refused(smollm2, tmp_pat
 def test_memory_and_trigram_state_round_trip():
     """``rest``'s and ``auto``'s memory (past its bound: the oldest forgotten) and ``aded``'s adapted tri-gram rows
     come back from their JSON state exactly; hostile data is refused."""
-    from specdec_cli.datastore.trigram_matrix import TrigramMatrix
+    from specdec_cli.datastore.trigram.matrix import TrigramMatrix
     from specdec_cli.drafting.output_memory import OutputMemory
 
     memory = OutputMemory(40)

@@ -47,7 +47,7 @@ def test_sd_sampling_is_reproducible_with_seed(smollm2, smollm2_int8):
 
 
 def test_bf16_copy_is_same_vocab_draft(smollm2):
-    from specdec_cli.models import load_draft
+    from specdec_cli.io.models import load_draft
 
     draft = load_draft("bf16:", smollm2)
     ids = api.encode_prompt(smollm2, CHAT_PROMPTS[0], max_new_tokens=24)

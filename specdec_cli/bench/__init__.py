@@ -13,20 +13,19 @@ Honesty rules the code follows (docs/bench.md has the exact metric definitions):
 
 The package: ``config`` (BenchConfig, Generation, the method list), ``runners`` (ours and transformers' baselines,
 the interleaved run, ``benchmark``), ``metrics`` (one definition of each metric, from
-:mod:`specdec_cli.metrics`), ``records`` (the JSONL record, shard merging, history and ``--compare``) and
+:mod:`specdec_cli.engine.metrics`), ``records`` (the JSONL record, shard merging, history and ``--compare``) and
 ``report`` (tables and plots).
 """
 
-from ..prompts import load_prompts
+from ..io.prompts import load_prompts
 from .config import HF_BASELINES, RECORD_SCHEMA, REGRESSION_EXIT_CODE, BenchConfig, Generation, Runner, method_list
 from .metrics import first_divergence, identity_check, summarize, summarize_method
-from .records import (append_record, check_out_file, compare, has_regression, make_record, merge_records,
-                      read_records, record_problem)
+from .records import (append_record, check_out_file, compare, has_regression, make_record, merge_records, read_records, record_problem)
 from .report import check_plot_path, comparison_text, plot_speedups, print_table
-from .runners import benchmark, datastore_for, make_runner, rotated, run_generations, set_threads
+from .runners import benchmark, datastore_for, make_runner, rotated, run_generations
 
 __all__ = ["HF_BASELINES", "RECORD_SCHEMA", "REGRESSION_EXIT_CODE", "BenchConfig", "Generation", "Runner",
            "append_record", "benchmark", "check_out_file", "check_plot_path", "compare", "comparison_text",
            "datastore_for", "first_divergence", "has_regression", "identity_check", "load_prompts", "make_record",
            "make_runner", "merge_records", "method_list", "plot_speedups", "print_table", "read_records",
-           "record_problem", "rotated", "run_generations", "set_threads", "summarize", "summarize_method"]
+           "record_problem", "rotated", "run_generations", "summarize", "summarize_method"]

@@ -8,7 +8,7 @@ from typing import Callable
 from .. import api
 from ..errors import SpecdecError
 
-from ..options import HF_BASELINES  # noqa: E402,F401 - re-exported (torch-free: checked before loading)
+from ..config import HF_BASELINES  # noqa: E402,F401 - re-exported (torch-free: checked before loading)
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
 RECORD_SCHEMA = "specdec-bench/1"
@@ -34,7 +34,7 @@ class BenchConfig:
     window: int | None = None
     options: dict[str, str] = field(default_factory=dict)
     threads: int | None = None  # torch.set_num_threads; 1 is far steadier on a busy CPU
-    budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.budget)
+    budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.engine.budget)
     kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
     compile: str = "auto"  # static cache + compiled forwards: auto (on for CUDA), on, off, static (fastpath)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import metrics
-from ..metrics import ratio
+from ..engine import metrics
+from ..engine.metrics import ratio
 from .config import Generation
 
 # --- metrics ----------------------------------------------------------------------------------------------------

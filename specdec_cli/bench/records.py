@@ -13,22 +13,13 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecdecError
-from ..jsonl import iter_jsonl
-from ..prompts import Prompt
+from ..io.jsonl import iter_jsonl
+from ..io.prompts import Prompt
+from ..runtime.machine import cpu_name
 from .config import RECORD_SCHEMA, BenchConfig, Generation
 from .metrics import ratio, summarize_method
 
 # --- the record -------------------------------------------------------------------------------------------------
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpu_name() -> str | None:

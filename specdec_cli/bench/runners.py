@@ -10,7 +10,8 @@ import torch
 from .. import api
 from ..errors import SpecdecError
 from ..methods import check_options
-from ..prompts import Prompt, load_prompts
+from ..io.prompts import Prompt, load_prompts
+from ..runtime.machine import set_threads
 from .config import HF_BASELINES, HF_PLD_TOKENS, WARMUP_TOKENS, BenchConfig, Generation, Runner, method_list
 from .metrics import summarize
 from .records import make_record
@@ -254,17 +255,9 @@ def restore_state(runner: Runner, method: str, state, checkpoint) -> None:
                            "--resume to start over") from None
 
 
-def set_threads(threads: int | None) -> None:
-    """``torch.set_num_threads`` (before loading: kernel plans and forward-time profiles are per thread count)."""
-    if threads is not None:
-        if threads < 1:
-            raise SpecdecError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-
-
 def benchmark(cfg: BenchConfig, target, drafts, checkpoint=None, prompts: list[Prompt] | None = None) -> dict:
     """Run the benchmark on already loaded models and return the record (see docs/bench.md for its schema).
-    ``checkpoint`` (:class:`specdec_cli.checkpoint.Checkpoint`) keeps finished generations for ``--resume``."""
+    ``checkpoint`` (:class:`specdec_cli.bench.checkpoint.Checkpoint`) keeps finished generations for ``--resume``."""
     if cfg.max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
     api.SamplingConfig(temperature=cfg.temperature).validate()

@@ -26,7 +26,7 @@ def check_cheap_arguments(methods, tolerance, budget, compile, max_new_tokens, w
     """Everything that needs no model and no torch, before either is imported (an error comes in well under 1 s)."""
     from ..errors import SpecdecError
     from ..methods import METHODS, check_options
-    from ..options import HF_BASELINES, SamplingConfig, parse_budget
+    from ..config import HF_BASELINES, SamplingConfig, parse_budget
     from .common import check_compile
 
     if not 0 <= tolerance < 1:
@@ -89,7 +89,8 @@ def bench(
     with user_errors():
         check_cheap_arguments(split_methods(methods), tolerance, budget, compile, max_new_tokens, window, temperature,
                               threads, parse_opts(opt))
-        from .. import api, bench as lib
+        from .. import api
+        from .. import bench as lib
 
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=split_methods(methods), prompts=prompts,
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
@@ -105,10 +106,11 @@ def bench(
             check_folder(memory)
         from dataclasses import asdict
 
-        from ..checkpoint import Checkpoint
+        from ..bench.checkpoint import Checkpoint
+        from ..runtime.machine import set_threads
         from ..errors import Interrupted
 
-        lib.set_threads(threads)
+        set_threads(threads)
         lib.datastore_for("rest", cfg.datastore)  # ... and on ambiguous --datastore values
         from ..methods import check_options, precheck_datastore
 

@@ -14,7 +14,7 @@ from typing import Iterator, List, Optional
 import typer
 
 from ..errors import SpecdecError
-from ..options import MAX_PROMPT_BYTES, check_prompt_size
+from ..config import MAX_PROMPT_BYTES, check_prompt_size
 
 
 def die(message: str, code: int = 2) -> None:

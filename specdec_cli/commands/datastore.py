@@ -42,7 +42,7 @@ def bench_drafting(
         if steps < 1 or (context is not None and context < 8):
             raise SpecdecError("--steps must be >= 1 and --context >= 8")
         quiet_libraries()
-        from ..drafting_bench import run
+        from ..bench.drafting import run
 
         result = run(method, model, datastore=list(datastore or []), prompt_set=prompts, limit=limit, steps=steps,
                      context=context, options=parse_opts(opt))

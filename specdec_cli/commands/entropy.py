@@ -1,6 +1,6 @@
 """``specdec inspect-entropy``: entropy of accepted vs rejected draft tokens under vanilla SD (paper Figure 6).
 
-A thin layer over :mod:`specdec_cli.entropy_stats`.
+A thin layer over :mod:`specdec_cli.bench.entropy`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def inspect_entropy(
     from ..errors import SpecdecError
 
     with user_errors():
-        from ..options import SamplingConfig
+        from ..config import SamplingConfig
 
         texts = read_entropy_prompts(prompts, prompts_file, use_stdin)
         if window < 1:
@@ -86,8 +86,9 @@ def inspect_entropy(
         if threads is not None and threads < 1:
             raise SpecdecError(f"--threads must be >= 1, got {threads}")
         sampling = SamplingConfig(temperature).validate()
-        from .. import api, entropy_stats  # torch: only now that the arguments are known to be good
-        from ..bench import set_threads
+        from .. import api
+        from ..bench import entropy as entropy_stats  # torch: only now that the arguments are known to be good
+        from ..runtime.machine import set_threads
 
         set_threads(threads)
         quiet_libraries()

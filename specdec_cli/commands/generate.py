@@ -8,8 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import SpecdecError
-from .common import (COMPILE_HELP, check_compile, check_generation_args, parse_opts, quiet_libraries, read_prompts,
-                     user_errors)
+from .common import (COMPILE_HELP, check_compile, check_generation_args, parse_opts, quiet_libraries, read_prompts, user_errors)
 
 
 def register(app: typer.Typer) -> None:
@@ -53,7 +52,7 @@ def generate(
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
         from ..methods import METHODS, check_options, precheck_datastore
-        from ..options import SamplingConfig, parse_budget
+        from ..config import SamplingConfig, parse_budget
 
         prompts = read_prompts(prompt, batch_file)
         drafts = list(draft or [])
@@ -86,7 +85,7 @@ def generate(
         import torch
 
         from .. import api
-        from ..bench import set_threads
+        from ..runtime.machine import set_threads
 
         set_threads(threads)
         target, draft_models = api.load(model, drafts, dtype, device, kernels)

@@ -25,7 +25,7 @@ def list_methods() -> None:
 
 def list_models() -> None:
     """List the model aliases."""
-    from ..aliases import ALIASES  # torch-free
+    from ..io.aliases import ALIASES  # torch-free
 
     for name, alias in ALIASES.items():
         print(f"{name:20s} {alias.hub_id or alias.pypi_gguf}  {alias.note}")

@@ -14,11 +14,11 @@ Modules: ``format`` (coding, manifest, integrity), ``build`` / ``search`` / ``re
 from dataclasses import dataclass
 from typing import Callable
 
-from .build import build_suffix_array_datastore
+from .suffix_array.build import build_suffix_array_datastore
 from .format import FORMAT_VERSION, token_width
-from .retrieval import SuffixArrayDatastore
-from .trigram import build_trigram_datastore
-from .trigram_matrix import TrigramMatrix
+from .suffix_array.retrieval import SuffixArrayDatastore
+from .trigram.store import build_trigram_datastore
+from .trigram.matrix import TrigramMatrix
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def check_stores_tokenizer(folders, model: str) -> None:
     import json
     from pathlib import Path
 
-    from ..models import load_tokenizer, tokenizer_fingerprint
+    from ..io.models import load_tokenizer, tokenizer_fingerprint
     from .format import MANIFEST, check_tokenizer
 
     fingerprint = tokenizer_fingerprint(load_tokenizer(model))

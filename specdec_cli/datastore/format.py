@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import replace_dir, write_text
+from ..io.atomic import replace_dir, write_text
 from ..errors import SpecdecError
 
 FORMAT = "specdec-datastore"

@@ -11,12 +11,13 @@ import os
 import time
 from pathlib import Path
 
-from ..corpora import iter_documents
+from ..io.corpora import iter_documents
 from ..errors import SpecdecError
 from . import KINDS
-from .build import DEFAULT_SHARD_BYTES
+from .suffix_array.build import DEFAULT_SHARD_BYTES
 from .format import check_out_dir
-from .tokenize import ParallelTokenizer, peak_rss_bytes, tokenizer_info
+from ..runtime.machine import peak_rss_bytes
+from .tokenizing.tokenize import ParallelTokenizer, tokenizer_info
 
 
 def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_tokens: int | None = None,
@@ -59,7 +60,7 @@ def _reading_bar(texts, corpus: str, enabled: bool):
 
     from tqdm import tqdm
 
-    from ..corpora import corpus_bytes
+    from ..io.corpora import corpus_bytes
 
     with tqdm(total=corpus_bytes(corpus), unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr,
               leave=False, dynamic_ncols=True) as bar:
@@ -71,13 +72,13 @@ def _reading_bar(texts, corpus: str, enabled: bool):
 def _token_documents(model: str, texts, max_tokens: int | None, workers: int):
     """``(fingerprint, vocab size, token documents, worker pool or None)``: tokenized by worker processes when
     the model's tokenizer has an exact Rust backend, else in this process."""
-    from ..corpora import tokenize_documents
+    from ..io.corpora import tokenize_documents
 
     info = tokenizer_info(model)
     if info["backend"] is not None:
         pool = ParallelTokenizer(info["backend"], workers, info.get("replace"), info.get("pieces"))
         return info["fingerprint"], info["vocab_size"], pool.documents(texts, max_tokens), pool
-    from ..models import load_tokenizer
+    from ..io.models import load_tokenizer
 
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # batches are tokenized on every core (in Rust)
     return info["fingerprint"], info["vocab_size"], tokenize_documents(load_tokenizer(model), texts, max_tokens), None

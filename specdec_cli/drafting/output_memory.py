@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import write_text
+from ..io.atomic import write_text
 from ..errors import SpecdecError
 from .ngram_index import SEPARATOR, NgramIndex
 
@@ -85,7 +85,7 @@ class OutputMemory:
     def load_state(self, state: dict) -> None:
         """Continue from :meth:`state`'s answer: the same sequences, indexed as adding them one by one had (the
         index is a pure function of them)."""
-        from ..budget import count
+        from ..io.jsonl import count
 
         sequences = [token_list(seq) for seq in state["sequences"]]
         if sum(len(seq) for seq in sequences) > self.max_tokens:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import trees
-from ..trees import Draft
+from .count_trie import count_trie, top_by_count
+from ..engine.trees import Draft
 from .ngram_index import NgramIndex
 from .output_memory import OutputMemory
 
@@ -37,7 +37,7 @@ def rows_to_draft(rows: np.ndarray, top_c: int, trust: float = 1.0) -> Draft:
     ``trust``."""
     if not rows.size:
         return Draft()
-    draft = trees.top_by_count(trees.count_trie(rows), top_c).to_draft()
+    draft = top_by_count(count_trie(rows), top_c).to_draft()
     if trust != 1.0:
         draft.scores = [s * trust for s in draft.scores]
     return draft

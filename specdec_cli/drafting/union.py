@@ -2,7 +2,7 @@
 estimate that it is accepted given its parent is.
 
 Each source's estimates are calibrated separately (:class:`SourceCalibration`: a
-:class:`~specdec_cli.budget.Calibrator` per source and match-length bucket, learning from what the target accepted
+:class:`~specdec_cli.engine.budget.Calibrator` per source and match-length bucket, learning from what the target accepted
 of that source's nodes); a node's estimate is the best of its sources', and the estimates of a node's children
 are scaled down together when they add up to more than one (at most one child can be the target's token).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import trees
-from ..budget import Calibrator
-from ..trees import Draft
+from ..engine import trees
+from ..engine.budget import Calibrator
+from ..engine.trees import Draft
 
 
 class UnionTree:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # the registry is read without torch (`specdec methods`, option checks before loading)
-    from ..decoding import Drafter
+    from ..engine.loop import Drafter
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class MethodContext:
     datastore: str | None = None
     window: int | None = None  # draft window K (method default when None)
     options: dict[str, str] = field(default_factory=dict)  # --opt key=value, method-specific
-    budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.budget)
+    budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.engine.budget)
     method: str = ""  # set by build_drafter: whose registered options ``opt`` reads
     datastores: list = field(default_factory=list)  # auto: every --datastore (kinds told apart by their manifest)
 

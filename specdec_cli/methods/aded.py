@@ -1,6 +1,6 @@
 """``aded``: Adaptive Draft-Verification (Liu et al.) -- tri-gram matrix + MCTS draft maker, adaptive updates.
 
-Each step the MCTS (:mod:`specdec_cli.mcts`) searches continuations of the last two tokens in the tri-gram
+Each step the MCTS (:mod:`specdec_cli.drafting.mcts`) searches continuations of the last two tokens in the tri-gram
 matrix; the best ``candidates`` are prefix-merged into a token tree that the target verifies exactly. The
 prompt and then every verified output update the matrix (Algorithm 2) in an in-memory overlay over the
 memory-mapped store, so the drafts follow what this model actually writes. The overlay persists across the
@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from ..decoding import Draft, Drafter, Outcome
-from ..mcts import MCTSConfig, run_mcts
-from ..trees import merge_paths
+from ..engine.loop import Draft, Drafter, Outcome
+from ..drafting.mcts import MCTSConfig, run_mcts
+from ..engine.trees import merge_paths
 from ..datastore import TrigramMatrix
 
 

@@ -1,6 +1,6 @@
 """``ar``: autoregressive decoding -- the drafter that proposes nothing, so each step is one target forward."""
 
-from ..decoding import Drafter
+from ..engine.loop import Drafter
 
 
 def build(ctx) -> Drafter:

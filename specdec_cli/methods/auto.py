@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from .. import trees
-from ..decoding import Draft, Drafter, Outcome
-from ..draft_model import DraftModel, confidence
+from ..engine import trees
+from ..engine.loop import Draft, Drafter, Outcome
+from ..drafting.draft_model import DraftModel, confidence
 from ..drafting.output_memory import OutputMemory
 from ..drafting.sources import ContextSource, MemorySource, Source, SuffixArraySource, TrigramSource, rows_to_draft
 from ..drafting.union import SourceCalibration, UnionTree, best_subtree, normalise_siblings
@@ -65,7 +65,7 @@ class Gate:
                 "gated": self.gated, "probing": self.probing}
 
     def load_state(self, state: dict) -> None:
-        from ..budget import count, number
+        from ..io.jsonl import count, number
 
         net = number(state["net"])
         runs, skip, backoff, gated = (count(state[k]) for k in ("runs", "skip", "backoff", "gated"))
@@ -135,7 +135,8 @@ class AutoDrafter(Drafter):
         }
 
     def load_state(self, state: dict) -> None:
-        from ..budget import Calibrator, count
+        from ..engine.budget import Calibrator
+        from ..io.jsonl import count
         from ..drafting.output_memory import token_list
 
         cells = {}

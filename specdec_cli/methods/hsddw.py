@@ -28,12 +28,12 @@ import math
 
 import torch
 
-from ..decoding import Draft, Drafter, Outcome
-from ..draft_model import DraftModel, confidence, confidence_entropy, draft_chain
-from ..entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
-from ..metrics import ratio
-from ..sampling import logits_to_probs
-from ..verify import verify_rejection
+from ..engine.loop import Draft, Drafter, Outcome
+from ..drafting.draft_model import DraftModel, confidence, confidence_entropy, draft_chain
+from ..drafting.entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
+from ..engine.metrics import ratio
+from ..engine.sampling import logits_to_probs
+from ..engine.verify import verify_rejection
 
 
 class Hsddw(Drafter):

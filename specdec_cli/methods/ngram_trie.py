@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from ..decoding import Draft, Drafter
-from ..trees import best_first
+from ..engine.loop import Draft, Drafter
+from ..engine.trees import best_first
 
 
 class TrieNode:

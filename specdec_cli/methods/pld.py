@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..decoding import Draft, Drafter
+from ..engine.loop import Draft, Drafter
 
 
 def lookup(tokens: list[int], max_ngram: int = 3, num_pred: int = 10, min_ngram: int = 1) -> list[int]:

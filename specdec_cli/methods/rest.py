@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-from .. import trees
+from ..drafting.count_trie import count_trie, top_by_count
 from ..datastore import SuffixArrayDatastore
-from ..decoding import Draft, Drafter
+from ..engine.loop import Draft, Drafter
 from ..errors import SpecdecError
 from ..drafting.output_memory import OutputMemory
 from .pld import NgramIndex
@@ -103,8 +103,8 @@ class RestDrafter(Drafter):
             if context is not None:
                 rows.append(context)
                 weights.append(np.array([CONTEXT_SHARE * max(rows[0].shape[0], 1)], dtype=np.int64))
-        trie = trees.count_trie(np.concatenate(rows), np.concatenate(weights))
-        return trees.top_by_count(trie, self.top_c).to_draft()
+        trie = count_trie(np.concatenate(rows), np.concatenate(weights))
+        return top_by_count(trie, self.top_c).to_draft()
 
     def _context_row(self, tokens: list[int], length: int) -> np.ndarray | None:
         """The continuation of the tail's earlier occurrence in this very sequence (prompt + output so far), as

@@ -8,8 +8,8 @@ draft-model forward is not worth its expected gain on this machine (cap ``--wind
 
 from __future__ import annotations
 
-from ..decoding import Draft, Drafter
-from ..draft_model import DraftModel, draft_chain
+from ..engine.loop import Draft, Drafter
+from ..drafting.draft_model import DraftModel, draft_chain
 
 PAPER_WINDOW = 5
 AUTO_WINDOW = 16

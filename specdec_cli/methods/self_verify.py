@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 
-from ..decoding import Draft, Drafter, Outcome
-from ..draft_model import DraftModel, draft_chain
-from ..entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
+from ..engine.loop import Draft, Drafter, Outcome
+from ..drafting.draft_model import DraftModel, draft_chain
+from ..drafting.entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
 
 
 class SelfVerify(Drafter):

@@ -1,0 +1,1 @@
+"""datastore/suffix_array"""

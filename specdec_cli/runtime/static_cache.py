@@ -1,0 +1,265 @@
+"""Static KV cache and bucketed, optionally compiled forwards: the GPU fast path (gpt-fast style).
+
+On a GPU a small model's step is launch- and Python-bound: eager PyTorch spends more time issuing kernels than
+running them. The cure (gpt-fast) is to make every step's shapes static and replay it as a CUDA graph:
+
+* :class:`StaticLayer` -- one pre-allocated ``[1, heads, capacity, dim]`` buffer per layer. A forward writes its
+  new rows at the positions in ``write_at`` (a tensor, so the positions are data, not part of the graph) and
+  attends over the *whole* buffer; what a row may see is said by the attention mask alone. Rollback is a length
+  change (``crop``) or moving an accepted tree path's rows down (``keep_rows``) -- rows past the length are
+  simply never visible again. Sliding-window layers (Gemma-3) keep every row too: the window is in the mask.
+* :class:`StaticCache` -- the layers plus the forward: a step's query (the root and its draft nodes) is padded to
+  the next bucket size (1, 2, 4, ... 128); the padded rows see only the prefix and themselves and their logits
+  are dropped. Token ids, positions, the ancestor matrix and the prefix length reach the device in one copy of
+  one per-bucket buffer, and the masks are built from them inside the forward, so with ``compiled`` a step is
+  that copy, one add and the replay of the bucket's captured graph (``torch.compile``,
+  ``mode="reduce-overhead"`` on CUDA: CUDA graphs, whose memory is reserved once, at capture).
+* The prefill runs eager, in chunks (its length varies; its cost is one pass).
+
+The engine (:mod:`specdec_cli.runtime.forward`) sends ``forward_chain``/``forward_tree``/``keep``/``crop`` here when the
+cache is a :class:`StaticCache`; decoding logic is unchanged, so every method runs on it and stays lossless.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .kvcache import layer_windows
+from .positions import ancestor_matrix, depths
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PREFILL_CHUNK = 512
+HEADROOM = max(BUCKETS[-1], PREFILL_CHUNK)  # rows past the sequence that a padded step may write
+MIN_CAPACITY = 2048  # buffers grow by doubling from here: one set of compiled graphs serves many prompt lengths
+
+
+def bucket(n: int) -> int:
+    for size in BUCKETS:
+        if n <= size:
+            return size
+    raise ValueError(f"a step of {n} query tokens exceeds the largest bucket ({BUCKETS[-1]})")
+
+
+class StaticLayer(CacheLayerMixin):
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, capacity: int, window: int | None = None):
+        super().__init__()
+        self.capacity, self.window = capacity, window
+        self.length = 0  # rows that are part of the sequence (host-side bookkeeping: no device sync)
+        self.write_at: torch.Tensor | None = None  # where the next update writes (set by StaticCache)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h = key_states.shape[:2]
+        self.keys = torch.zeros((b, h, self.capacity, key_states.shape[-1]), dtype=self.dtype, device=self.device)
+        self.values = torch.zeros((b, h, self.capacity, value_states.shape[-1]), dtype=self.dtype, device=self.device)
+        if self.device.type == "cuda":  # fixed addresses: in-place updates do not break CUDA graphs
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys.index_copy_(2, self.write_at, key_states)
+        self.values.index_copy_(2, self.write_at, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length = max(self.length + min(tokens_to_remove, 0), 0)
+
+    @torch.inference_mode()
+    def copy_from(self, other, start: int, end: int, dtype: torch.dtype | None = None) -> None:
+        """Make rows ``[start, end)`` those of ``other`` (another model's layer: a draft takes the target's
+        keys/values, see ``kvcache.copy_prefix``); the length becomes ``end``."""
+        self.keys[..., start:end, :] = other.keys[..., start:end, :]
+        self.values[..., start:end, :] = other.values[..., start:end, :]
+        self.length = end
+
+    @torch.inference_mode()
+    def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
+        moved = [(prefix_len + i, prefix_len + r) for i, r in enumerate(rows) if r != i]
+        if moved and self.is_initialized:
+            dst = torch.tensor([d for d, _ in moved], device=self.device)
+            src = torch.tensor([s for _, s in moved], device=self.device)
+            for buf in (self.keys, self.values):
+                buf.index_copy_(2, dst, buf.index_select(2, src))
+        self.length = prefix_len + len(rows)
+
+
+class StaticCache(Cache):
+    """A static cache bound to one model, with its bucketed forwards (compiled or eager)."""
+
+    def __init__(self, model, capacity: int, compiled: bool = False):
+        windows = layer_windows(model.config)
+        super().__init__(layers=[StaticLayer(capacity, w) for w in windows])
+        self.model, self.capacity, self.compiled = model, capacity, compiled
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.window = getattr(cfg, "sliding_window", None) if any(w for w in windows) else None
+        self.layer_types = sorted({"sliding_attention" if w else "full_attention" for w in windows})
+        self.device = model.get_input_embeddings().weight.device
+        self.mask_dtype = model.dtype
+        self.columns = torch.arange(capacity, device=self.device)
+        self.buffers: dict[int, dict] = {}
+        self.size_of: dict[int, int] = {}  # packed length -> bucket size
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        empty = torch.empty((1, kv_heads, 0, head_dim), dtype=model.dtype, device=self.device)
+        for layer in self.layers:  # allocated now: a compiled graph never sees an uninitialized layer
+            layer.lazy_initialization(empty, empty)
+        self.run = _compile(self._forward) if compiled else self._forward
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+
+    def _forward(self, packed: torch.Tensor) -> torch.Tensor:
+        """One bucketed forward from one small tensor: ids, positions, the ancestor matrix and the prefix length
+        (see :meth:`_step`). The masks are built here, inside the compiled region, so a step is one copy to the
+        device, one add and one graph replay."""
+        size = self.size_of[packed.shape[0]]
+        ids, pos = packed[:size].unsqueeze(0), packed[size: 2 * size]
+        anc = packed[2 * size: 2 * size + size * size].view(size, size) != 0
+        mask = self._masks(packed[-1], anc, pos)
+        out = self.model(input_ids=ids, position_ids=pos.unsqueeze(0), attention_mask=mask, past_key_values=self,
+                         use_cache=True)
+        return out.logits
+
+    def _masks(self, prefix: torch.Tensor, anc: torch.Tensor, pos: torch.Tensor):
+        """Additive masks [1, 1, rows, capacity]: the prefix (within the window for sliding layers) and each
+        row's tree ancestors (itself included); everything else, the rows past the length included, masked."""
+        size = anc.shape[0]
+        rel = self.columns - prefix  # column -> query row it holds (when in [0, size))
+        in_tree = (rel >= 0) & (rel < size)
+        row = rel.clamp(0, size - 1)
+        visible = (self.columns < prefix)[None, :] | (anc[:, row] & in_tree[None, :])
+        k_pos = torch.where(in_tree, pos[row], self.columns)
+        neg = torch.finfo(self.mask_dtype).min
+        masks = {}
+        for kind in self.layer_types:
+            allowed = visible
+            if kind == "sliding_attention" and self.window:
+                allowed = visible & ((pos[:, None] - k_pos[None, :]) < self.window)
+            masks[kind] = torch.where(allowed, 0.0, neg).to(self.mask_dtype)[None, None]
+        return masks if len(masks) > 1 else masks[self.layer_types[0]]
+
+    def _buffers(self, size: int) -> dict:
+        """Per bucket: a host staging tensor and its device twin (ids, positions, ancestors, prefix length:
+        ``2 size + size^2 + 1`` int64), the write positions, and ``arange(size)``."""
+        if size not in self.buffers:
+            length = 2 * size + size * size + 1
+            cuda = self.device.type == "cuda"
+            buf = {"staging": torch.zeros(length, dtype=torch.long, pin_memory=cuda),
+                   "packed": torch.zeros(length, dtype=torch.long, device=self.device),
+                   "write_at": torch.zeros(size, dtype=torch.long, device=self.device),
+                   "offsets": torch.arange(size, device=self.device)}
+            if cuda:
+                for name in ("packed", "write_at"):
+                    torch._dynamo.mark_static_address(buf[name])
+            self.buffers[size], self.size_of[length] = buf, size
+        return self.buffers[size]
+
+    def _step(self, tokens: list[int], anc: torch.Tensor, q_pos: list[int], size: int, run) -> torch.Tensor:
+        n, prefix_len = len(tokens), self.length
+        if prefix_len + size > self.capacity:
+            raise ValueError(f"static cache of {self.capacity} rows is full")
+        buf = self._buffers(size)
+        stage = buf["staging"].numpy()
+        stage[:n], stage[n:size] = tokens, 0
+        stage[size: size + n], stage[size + n: 2 * size] = q_pos, prefix_len
+        square = np.eye(size, dtype=np.int64)  # padding rows see themselves (and the prefix) only
+        square[:n, :n] = anc.numpy()
+        stage[2 * size: 2 * size + size * size] = square.reshape(-1)
+        stage[-1] = prefix_len
+        buf["packed"].copy_(buf["staging"], non_blocking=True)
+        torch.add(buf["offsets"], buf["packed"][-1], out=buf["write_at"])
+        for layer in self.layers:
+            layer.write_at = buf["write_at"]
+        logits = run(buf["packed"])
+        for layer in self.layers:
+            layer.length = prefix_len + n
+        return logits[0, :n]
+
+    @torch.inference_mode()
+    def forward_chain(self, tokens: list[int], keep: int | None = None) -> torch.Tensor:
+        """Like :func:`specdec_cli.runtime.forward.forward_chain`. Prefills (``keep=0``, or longer than a bucket) run eager,
+        in chunks of ``PREFILL_CHUNK`` rows (the last one padded), so their buffers have a few fixed sizes too;
+        a draft model's short chains that return logits go through the bucket's (compiled) forward."""
+        if len(tokens) <= BUCKETS[-1]:
+            anc = torch.ones((len(tokens), len(tokens)), dtype=torch.bool).tril()
+            q_pos = list(range(self.length, self.length + len(tokens)))
+            run = self._forward if keep == 0 else self.run  # a draft model's steps replay graphs; prefills do not
+            logits = self._step(tokens, anc, q_pos, bucket(len(tokens)), run).float()
+        else:
+            parts = []
+            for start in range(0, len(tokens), PREFILL_CHUNK):
+                part = tokens[start: start + PREFILL_CHUNK]
+                anc = torch.ones((len(part), len(part)), dtype=torch.bool).tril()
+                size = bucket(len(part)) if len(part) <= BUCKETS[-1] else PREFILL_CHUNK
+                rows = self._step(part, anc, list(range(self.length, self.length + len(part))), size, self._forward)
+                parts.append(rows if keep is None else rows[-keep:] if keep else rows[:0])
+            logits = torch.cat(parts).float()
+        if keep is None:
+            return logits
+        return logits[logits.shape[0] - keep:]
+
+    @torch.inference_mode()
+    def forward_tree(self, root: int, draft_tokens: list[int], parents: list[int]) -> torch.Tensor:
+        n = 1 + len(draft_tokens)
+        anc = ancestor_matrix(parents)
+        q_pos = [self.length + d for d in [0] + depths(parents)]
+        return self._step([root, *draft_tokens], anc, q_pos, bucket(n), self.run).float()
+
+
+def _compile(fn):
+    """CUDA graphs through ``torch.compile(mode="reduce-overhead")`` on CUDA; inductor's default elsewhere.
+    One graph per bucket (``dynamic=False``: every input shape of a bucket is fixed)."""
+    cuda = torch.cuda.is_available()
+    return torch.compile(fn, mode="reduce-overhead" if cuda else "default", dynamic=False, fullgraph=False)
+
+
+def resolve(choice: str, model) -> str:
+    """``--compile`` -> the engine's mode: ``"compiled"``, ``"static"`` or ``"off"``. ``auto`` compiles for CUDA;
+    on the CPU it stays eager, where the static path measured slower than the growing cache (docs/gpu.md)."""
+    if choice == "auto":
+        on_cuda = model.get_input_embeddings().weight.device.type == "cuda"
+        return "compiled" if on_cuda else "off"
+    return {"on": "compiled", "off": "off", "static": "static"}[choice]
+
+
+_POOL: dict[tuple[int, str], StaticCache] = {}
+
+
+def cache_for(model, needed: int, compiled: bool = False, slot: str = "target") -> StaticCache:
+    """The model's static cache, emptied, with room for ``needed`` rows plus the largest bucket. One cache per
+    model and ``slot`` (the target's, a draft's) is kept with its compiled graphs and reused while it is large
+    enough and of the same mode."""
+    capacity = MIN_CAPACITY
+    while capacity < needed + HEADROOM:
+        capacity *= 2
+    cache = _POOL.get((id(model), slot))
+    if cache is None or cache.model is not model or cache.capacity < capacity or cache.compiled != compiled:
+        cache = StaticCache(model, capacity, compiled)
+        _POOL[(id(model), slot)] = cache
+    cache.reset()
+    return cache
