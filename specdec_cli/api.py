@@ -2,10 +2,14 @@
 
     from specdec_cli import api
     target, drafts = api.load("smollm2-135m", drafts=["int8:"])
-    ids = api.encode_prompt(target, "Write a haiku about caches.", max_new_tokens=64)
-    drafter = api.make_drafter("sd", target, drafts)
-    result = api.run(target, ids, drafter, max_new_tokens=64)
+    settings = api.RunSettings(max_new_tokens=64)       # every value checked here, once
+    ids = api.encode_prompt(target, "Write a haiku about caches.", max_new_tokens=settings.max_new_tokens)
+    drafter = api.make_drafter("sd", target, drafts, settings)
+    result = api.run(target, ids, drafter, settings)
     print(api.decode(target, result.tokens), result.summary())
+
+``make_drafter`` and ``run`` also take the settings' fields as keywords (``max_new_tokens=64``), checked the same
+way (:class:`~specdec_cli.config.RunSettings`).
 """
 
 from __future__ import annotations
@@ -14,14 +18,15 @@ import sys
 
 from .runtime import profile as hardware
 from .runtime import kernels
-from .engine.budget import Budget, parse_budget
+from .config import RunSettings, SamplingConfig
+from .engine.budget import Budget
 from .engine.loop import Drafter, GenerationResult, generate
 from .errors import SpecdecError
 from .methods import METHODS, MethodContext, build_drafter, check_options
 from .io.models import LoadedModel, load_draft, load_model
-from .engine.sampling import SamplingConfig
 
-__all__ = ["load", "encode_prompt", "make_drafter", "run", "decode", "METHODS", "SamplingConfig", "SpecdecError"]
+__all__ = ["load", "encode_prompt", "make_drafter", "run", "decode", "METHODS", "RunSettings", "SamplingConfig",
+           "SpecdecError"]
 
 
 def note(message: str) -> None:
@@ -72,19 +77,20 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
     return ids
 
 
-def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), *,
-                 datastore: str | list[str] | None = None,
-                 window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto",
-                 check: bool = True, compile: str = "auto") -> Drafter:
-    """A drafter for ``method`` with its :class:`~specdec_cli.engine.budget.Budget` (``auto``: priced with this machine's
-    measured forward times of ``target``, measured once and cached). ``datastore``: a folder, or for ``auto`` a list
-    of folders of any kinds. ``check=False``: the caller has checked
+def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
+                 *, datastore: str | list[str] | None = None, options: dict[str, str] | None = None,
+                 check: bool = True, compile: str = "auto", **values) -> Drafter:
+    """A drafter for ``method`` with its :class:`~specdec_cli.engine.budget.Budget` (``settings.budget``;
+    ``auto``: priced with this machine's measured forward times of ``target``, measured once and cached).
+    ``settings``: the run's checked values, else made from ``values`` (``window=``, ``budget=``, ...).
+    ``datastore``: a folder, or for ``auto`` a list of folders of any kinds. ``check=False``: the caller has checked
     ``options`` against several methods that share them (bench)."""
-    mode = parse_budget(budget)
+    settings = settings or RunSettings(**values)
+    mode = settings.budget
     stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
     if method != "auto" and len(stores) > 1:
         raise SpecdecError(f"--method {method} takes one --datastore, got {len(stores)} (only auto takes several)")
-    ctx = MethodContext(target, list(drafts), None if method == "auto" else (stores or [None])[0], window,
+    ctx = MethodContext(target, list(drafts), None if method == "auto" else (stores or [None])[0], settings.window,
                         dict(options or {}), mode, datastores=stores if method == "auto" else [])
     if check:
         check_options([method], ctx.options)
@@ -99,16 +105,17 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     return drafter
 
 
-def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, *, max_new_tokens: int = 128,
-        sampling: SamplingConfig = SamplingConfig(), seed: int = 0, on_tokens=None,
-        compile: str = "auto") -> GenerationResult:
-    """``compile``: ``--compile`` (auto, on, off, static; :func:`specdec_cli.runtime.static_cache.resolve`)."""
-    if max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, settings: RunSettings | None = None, *,
+        on_tokens=None, compile: str = "auto", **values) -> GenerationResult:
+    """One generation. ``settings``: the run's checked values, else made from ``values`` (``max_new_tokens=``,
+    ``sampling=``, ``seed=``). ``compile``: ``--compile`` (auto, on, off, static;
+    :func:`specdec_cli.runtime.static_cache.resolve`)."""
+    settings = settings or RunSettings(**values)
     from .runtime.static_cache import resolve
 
-    return generate(target.model, prompt_ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling.validate(),
-                    seed=seed, stop_ids=target.stop_ids, on_tokens=on_tokens, fast=resolve(compile, target.model))
+    return generate(target.model, prompt_ids, drafter, max_new_tokens=settings.max_new_tokens,
+                    sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids, on_tokens=on_tokens,
+                    fast=resolve(compile, target.model))
 
 
 def decode(target: LoadedModel, tokens: list[int]) -> str:

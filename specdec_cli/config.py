@@ -1,5 +1,12 @@
-"""Values of the command line that need no model and no torch, checked where they enter (before anything loads):
-the sampling settings and the draft budget. ``sampling`` and ``budget`` re-export them."""
+"""The typed values a run is made of, checked once where they enter (the command line or the library API) and
+passed down as these objects: nothing below re-checks them. Torch-free, so that a bad value is refused before
+torch or a model loads.
+
+* :class:`SamplingConfig` -- temperature, top-p, top-k;
+* :func:`parse_budget` -- ``--budget`` as ``"auto"``, ``"paper"`` or a node count;
+* :class:`RunSettings` -- everything a generation is asked for: new tokens, sampling, seed, draft window, budget,
+  threads.
+"""
 
 from __future__ import annotations
 
@@ -27,14 +34,13 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
-    def validate(self) -> "SamplingConfig":
+    def __post_init__(self) -> None:
         if not self.temperature >= 0 or self.temperature == float("inf"):  # nan fails the comparison
             raise SpecdecError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise SpecdecError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise SpecdecError(f"--top-k must be >= 0, got {self.top_k}")
-        return self
 
 
 def parse_budget(spec: str | int | None) -> str | int:
@@ -50,6 +56,29 @@ def parse_budget(spec: str | int | None) -> str | int:
     if n < 0:
         raise SpecdecError(f"--budget must be >= 0, got {n}")
     return n
+
+
+def positive(value: int | None, flag: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise SpecdecError(f"{flag} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a generation is asked for, checked when made (a :class:`SpecdecError` names the flag)."""
+
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = SamplingConfig()
+    seed: int = 0
+    window: int | None = None  # draft window K; None: the method's default
+    budget: str | int = "auto"  # --budget, parsed: "auto", "paper" or a node count
+    threads: int | None = None  # torch CPU threads; None: torch's choice
+
+    def __post_init__(self) -> None:
+        positive(self.max_new_tokens, "--max-new-tokens")
+        positive(self.window, "--window")
+        positive(self.threads, "--threads")
+        object.__setattr__(self, "budget", parse_budget(self.budget))
 
 
 def check_prompt_size(text: str | bytes, what: str = "prompt") -> None:

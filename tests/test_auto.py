@@ -20,7 +20,8 @@ from specdec_cli.drafting.sources import ContextSource, MemorySource
 from specdec_cli.drafting.union import UnionTree, best_subtree, normalise_siblings
 from specdec_cli.errors import SpecdecError
 from specdec_cli.runtime.profile import Profile
-from specdec_cli.methods.auto import AutoDrafter, Gate
+from specdec_cli.drafting.gate import Gate
+from specdec_cli.methods.auto import AutoDrafter
 from specdec_cli.io.models import LoadedModel
 from specdec_cli.engine.sampling import SamplingConfig
 from specdec_cli.engine.trees import Draft

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
-from .. import api
-from ..errors import SpecdecError
+from ..config import HF_BASELINES, RunSettings, SamplingConfig
+from ..methods import check_methods
 
-from ..config import HF_BASELINES  # noqa: E402,F401 - re-exported (torch-free: checked before loading)
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
 RECORD_SCHEMA = "specdec-bench/1"
@@ -42,6 +42,12 @@ class BenchConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @cached_property
+    def settings(self) -> RunSettings:
+        """The run's values as one checked object (made once, on first use)."""
+        return RunSettings(self.max_new_tokens, SamplingConfig(self.temperature), self.seed, self.window,
+                           self.budget, self.threads)
+
 
 @dataclass
 class Generation:
@@ -70,9 +76,7 @@ Runner = Callable[[list[int], int], Generation]
 def method_list(methods: list[str]) -> list[str]:
     """Validated method names, ``ar`` first (added when missing: speedups and the identity check need it)."""
     names = [m.strip() for m in methods if m.strip()]
-    for name in names:
-        if name not in api.METHODS and name not in HF_BASELINES:
-            raise SpecdecError(f"unknown method {name!r}; choose from {', '.join([*api.METHODS, *HF_BASELINES])}")
+    check_methods(names, HF_BASELINES)
     names = list(dict.fromkeys(names))
     return names if names[:1] == ["ar"] else ["ar"] + [n for n in names if n != "ar"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -36,16 +37,14 @@ def datastore_for(method: str, specs: list[str] | str | None) -> str | list[str]
 def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     """A runner for one of our methods; the drafter is built once and reused, as ``specdec generate`` does."""
     try:
-        drafter = api.make_drafter(method, target, drafts, datastore=datastore_for(method, cfg.datastore),
-                                   window=cfg.window, options=cfg.options, budget=cfg.budget, check=False,
+        drafter = api.make_drafter(method, target, drafts, cfg.settings,
+                                   datastore=datastore_for(method, cfg.datastore), options=cfg.options, check=False,
                                    compile=cfg.compile)
     except ModuleNotFoundError as err:
         raise SpecdecError(f"method {method!r} is not available in this installation ({err})") from None
-    sampling = api.SamplingConfig(temperature=cfg.temperature)
-
     def run(ids: list[int], max_new_tokens: int) -> Generation:
-        result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling, seed=cfg.seed,
-                         compile=cfg.compile)
+        settings = replace(cfg.settings, max_new_tokens=max_new_tokens)  # the warm-up's is shorter
+        result = api.run(target, ids, drafter, settings, compile=cfg.compile)
         steps = result.steps
         return Generation(method, "", 0, list(result.tokens), result.total_s, forwards=len(steps),
                           emitted=sum(s.new_tokens for s in steps), drafted=sum(s.drafted for s in steps),
@@ -258,10 +257,7 @@ def restore_state(runner: Runner, method: str, state, checkpoint) -> None:
 def benchmark(cfg: BenchConfig, target, drafts, checkpoint=None, prompts: list[Prompt] | None = None) -> dict:
     """Run the benchmark on already loaded models and return the record (see docs/bench.md for its schema).
     ``checkpoint`` (:class:`specdec_cli.bench.checkpoint.Checkpoint`) keeps finished generations for ``--resume``."""
-    if cfg.max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
-    api.SamplingConfig(temperature=cfg.temperature).validate()
-    set_threads(cfg.threads)
+    set_threads(cfg.settings.threads)
     methods = method_list(cfg.methods)
     cfg.methods = methods
     if prompts is None:

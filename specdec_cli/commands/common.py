@@ -104,19 +104,8 @@ def read_stdin() -> str:
         raise SpecdecError("stdin is not UTF-8 text; pipe a text prompt") from None
 
 
-COMPILE_CHOICES = ("auto", "on", "off", "static")
-COMPILE_HELP = ("static KV cache and compiled forwards (CUDA graphs on a GPU): auto (on for CUDA, off on the CPU, "
-                "where it measured slower), on, off, or static (the static cache without compiling)")
-
-
 def check_compile(value: str) -> None:
+    from .options import COMPILE_CHOICES
+
     if value not in COMPILE_CHOICES:
         raise SpecdecError(f"unknown --compile {value!r}; choose {', '.join(COMPILE_CHOICES)}")
-
-
-def check_generation_args(max_new_tokens: int, window: int | None) -> None:
-    """Arguments that need no model, checked before one loads."""
-    if max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if window is not None and window < 1:
-        raise SpecdecError(f"--window must be >= 1, got {window}")

@@ -10,6 +10,8 @@ from typing import List, Optional
 
 import typer
 
+from . import options as flags
+
 
 def read_entropy_prompts(prompts: Optional[List[str]], prompts_file: Optional[str], use_stdin: bool) -> list[str]:
     """Prompt arguments, plus one prompt per non-empty line of ``--prompts-file`` and of stdin (``--stdin``)."""
@@ -58,16 +60,16 @@ def inspect_entropy(
     prompts: Optional[List[str]] = typer.Argument(None, help="prompt texts"),
     prompts_file: Optional[str] = typer.Option(None, "--prompts-file", help="one prompt per line"),
     use_stdin: bool = typer.Option(False, "--stdin", help="read prompts from stdin, one per line"),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help="target model (alias, hub id or path)"),
+    model: str = flags.MODEL,
     draft: str = typer.Option("int8:", "--draft", "-d", help="draft model (also int8: / bf16: copies of the target)"),
     window: int = typer.Option(5, "--window", "-k", help="fixed draft window K of the sd run"),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate per prompt"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (entropy of the draft's softmax)"),
-    seed: int = typer.Option(0, "--seed"),
-    dtype: str = typer.Option("auto", "--dtype"),
-    device: str = typer.Option("auto", "--device"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)"),
-    raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
+    seed: int = flags.SEED,
+    dtype: str = flags.DTYPE,
+    device: str = flags.DEVICE,
+    threads: Optional[int] = flags.THREADS,
+    raw: bool = flags.RAW,
     plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG histogram here"),
     as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
 ) -> None:
@@ -76,26 +78,20 @@ def inspect_entropy(
     from ..errors import SpecdecError
 
     with user_errors():
-        from ..config import SamplingConfig
+        from ..config import RunSettings, SamplingConfig
 
         texts = read_entropy_prompts(prompts, prompts_file, use_stdin)
-        if window < 1:
-            raise SpecdecError(f"--window must be >= 1, got {window}")
-        if max_new_tokens < 1:
-            raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-        if threads is not None and threads < 1:
-            raise SpecdecError(f"--threads must be >= 1, got {threads}")
-        sampling = SamplingConfig(temperature).validate()
-        from .. import api
-        from ..bench import entropy as entropy_stats  # torch: only now that the arguments are known to be good
+        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, "paper", threads)
+        from .. import api  # torch: only now that the arguments are known to be good
+        from ..bench import entropy as entropy_stats
         from ..runtime.machine import set_threads
 
-        set_threads(threads)
+        set_threads(settings.threads)
         quiet_libraries()
         target, (draft_model,) = api.load(model, [draft], dtype, device)
         ids = [api.encode_prompt(target, t, raw=raw, max_new_tokens=max_new_tokens) for t in texts]
         sample = entropy_stats.collect_entropies(target, draft_model, ids, window=window,
-                                                 max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+                                                 max_new_tokens=max_new_tokens, sampling=settings.sampling, seed=seed)
         report = entropy_stats.entropy_report(sample)
         meta = {"model": model, "draft": draft, "window": window, "prompts": len(texts),
                 "max_new_tokens": max_new_tokens, "temperature": temperature}

@@ -85,7 +85,7 @@ class OutputMemory:
     def load_state(self, state: dict) -> None:
         """Continue from :meth:`state`'s answer: the same sequences, indexed as adding them one by one had (the
         index is a pure function of them)."""
-        from ..io.jsonl import count
+        from ..io.state import count
 
         sequences = [token_list(seq) for seq in state["sequences"]]
         if sum(len(seq) for seq in sequences) > self.max_tokens:

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import trees
-from ..io.jsonl import count, number
-from ..config import parse_budget  # noqa: F401 - re-exported
+from ..io.state import count, number
 from ..runtime.profile import Profile
 
 DEPTH_BINS = 8
@@ -130,7 +129,7 @@ class StepPlan:
 class Budget:
     def __init__(self, mode: str | int = "auto", profile: Profile | None = None, *, draft_cost: bool = True,
                  gate: bool = True):
-        self.mode = parse_budget(mode)
+        self.mode = mode  # parsed where it entered (config.parse_budget)
         self.gate = gate  # False: never skip drafting (a drafter that gates its own costly parts: auto)
         self.profile = profile or Profile.flat()
         self.draft_cost = draft_cost  # count measured drafting time (greedy runs)

@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-
 from ..errors import SpecdecError
 
 
@@ -35,19 +33,3 @@ def iter_jsonl(path: str | Path, what: str = "file", objects: bool = True) -> It
     except UnicodeDecodeError:
         raise SpecdecError(f"{what} {path} is not a JSON-lines text file (not UTF-8)") from None
 
-
-# -- learned state as JSON (checkpoints, --memory): checked on the way in, a file may be hostile --
-
-
-def number(value) -> float:
-    """A finite float from JSON data (ValueError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-        raise ValueError(f"not a finite number: {str(value)[:20]}")
-    return float(value)
-
-
-def count(value) -> int:
-    """A non-negative int from JSON data (ValueError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"not a count: {str(value)[:20]}")
-    return value

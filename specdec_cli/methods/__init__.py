@@ -148,17 +148,20 @@ def check_options(methods: list[str], given) -> None:
                        "(see `specdec methods`)")
 
 
+def check_methods(names: list[str], baselines: dict | tuple = ()) -> None:
+    """Every name is a method (or one of ``baselines``: bench's transformers runs): the one check of method names."""
+    for name in names:
+        if name not in METHODS and name not in baselines:
+            raise SpecdecError(f"unknown method {name!r}; choose one of {', '.join([*METHODS, *baselines])}")
+
+
 def build_drafter(method: str, ctx: MethodContext) -> "Drafter":
-    info = METHODS.get(method)
-    if info is None:
-        raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    check_methods([method])
+    info = METHODS[method]
     if len(ctx.drafts) < info.drafts:
         raise SpecdecError(f"--method {method} needs {info.drafts} draft model(s) (--draft), got {len(ctx.drafts)}")
     if info.datastore and not ctx.datastore:
         raise SpecdecError(f"--method {method} needs --datastore DIR (build one with `specdec build-datastore`)")
-    unknown_window = ctx.window is not None and ctx.window < 1
-    if unknown_window:
-        raise SpecdecError(f"--window must be >= 1, got {ctx.window}")
     ctx.method = method
     module = importlib.import_module(f"{__name__}.{info.module}")
     return module.build(ctx)

@@ -22,6 +22,7 @@ import numpy as np
 from ..engine import trees
 from ..engine.loop import Draft, Drafter, Outcome
 from ..drafting.draft_model import DraftModel, confidence
+from ..drafting.gate import Gate
 from ..drafting.output_memory import OutputMemory
 from ..drafting.sources import ContextSource, MemorySource, Source, SuffixArraySource, TrigramSource, rows_to_draft
 from ..drafting.union import SourceCalibration, UnionTree, best_subtree, normalise_siblings
@@ -30,51 +31,6 @@ from ..errors import SpecdecError
 MODEL = "model"
 CONFIDENT = 0.7  # the model's chain starts below the tree's nodes this likely to be accepted
 MODEL_BELOW = 1.0  # ... and only when the tree promises fewer extra tokens than this
-WARMUP = 8  # steps before a costly source can be gated
-EMA = 0.2
-
-
-class Gate:
-    """Whether a costly source pays: the running net value (tokens only it got accepted, minus its time priced at
-    the method's current tokens per second) of the steps it ran; negative -> skipped for a stretch that doubles
-    with each losing probe."""
-
-    def __init__(self):
-        self.net, self.runs, self.skip, self.backoff, self.gated = 0.0, 0, 0, 1, 0
-        self.probing = False
-
-    def open(self) -> bool:
-        if self.skip > 0:
-            self.skip -= 1
-            self.gated += 1
-            return False
-        return True
-
-    def record(self, only_accepted: int, cost_s: float, value: float) -> None:
-        net = only_accepted - value * cost_s
-        self.runs += 1
-        probe, self.probing = self.probing or self.runs == 1, False
-        self.net = net if probe else (1 - EMA) * self.net + EMA * net  # a probe decides alone
-        if self.net < 0 and (self.runs >= WARMUP or (probe and self.backoff > 1)):
-            self.skip, self.backoff, self.probing = self.backoff, min(2 * self.backoff, 4096), True
-        elif self.net >= 0:
-            self.backoff = 1
-
-    def state(self) -> dict:
-        return {"net": self.net, "runs": self.runs, "skip": self.skip, "backoff": self.backoff,
-                "gated": self.gated, "probing": self.probing}
-
-    def load_state(self, state: dict) -> None:
-        from ..io.jsonl import count, number
-
-        net = number(state["net"])
-        runs, skip, backoff, gated = (count(state[k]) for k in ("runs", "skip", "backoff", "gated"))
-        if not isinstance(state["probing"], bool):
-            raise ValueError("probing")
-        self.net, self.runs, self.skip, self.backoff, self.gated = net, runs, min(skip, 4096), \
-            max(1, min(backoff, 4096)), gated
-        self.probing = state["probing"]
-        self.probing = state["probing"]
 
 
 class AutoDrafter(Drafter):
@@ -136,7 +92,7 @@ class AutoDrafter(Drafter):
 
     def load_state(self, state: dict) -> None:
         from ..engine.budget import Calibrator
-        from ..io.jsonl import count
+        from ..io.state import count
         from ..drafting.output_memory import token_list
 
         cells = {}

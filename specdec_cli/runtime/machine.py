@@ -8,8 +8,6 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-from ..errors import SpecdecError
-
 
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
@@ -43,10 +41,9 @@ def peak_rss_bytes() -> int:
 
 
 def set_threads(threads: int | None) -> None:
-    """``torch.set_num_threads`` (before loading: kernel plans and forward-time profiles are per thread count)."""
+    """``torch.set_num_threads`` (before loading: kernel plans and forward-time profiles are per thread count);
+    ``threads`` was checked where it entered (``config.RunSettings``)."""
     if threads is not None:
-        if threads < 1:
-            raise SpecdecError(f"--threads must be >= 1, got {threads}")
         import torch
 
         torch.set_num_threads(threads)

@@ -197,7 +197,7 @@ class TrigramMatrix:
         return [[key, [[tok, p] for tok, p in row.items()]] for key, row in self.overlay.items()]
 
     def load_overlay_state(self, state: list) -> None:
-        from ...io.jsonl import count, number
+        from ...io.state import count, number
 
         overlay: dict[int, dict[int, float]] = {}
         for key, row in state:

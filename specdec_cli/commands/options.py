@@ -1,0 +1,52 @@
+"""The flags several commands share, declared once (one name, one help text), and the choices they offer.
+
+A command declares its parameters as ``model: str = options.MODEL``; the values are then checked once, where
+they enter, by the typed objects of :mod:`specdec_cli.config` (``RunSettings``) and the registries (methods,
+datastore kinds, prompt sets).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from ..config import HF_BASELINES
+from ..io.aliases import ALIASES
+from ..io.prompts import PROMPT_SETS
+from ..methods import METHODS
+
+COMPILE_CHOICES = ("auto", "on", "off", "static")
+MODEL_HELP = f"target model: alias ({', '.join(ALIASES)}), hub id or local path"
+BUDGET_HELP = ("draft budget: auto (verify what pays off on this machine, measured), paper (each method's paper "
+               "settings) or N (the N draft tokens most likely accepted)")
+WINDOW_HELP = ("draft window K (default: the method's -- sd 16, or 5 with --budget paper; self-verify and hsddw 10; "
+               "auto's draft model 8)")
+
+MODEL = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP)
+DRAFTS = typer.Option(None, "--draft", "-d", help="draft model (repeat for hsddw: the fast draft first, then the "
+                      "stronger one); int8: and bf16: are cheaper copies of the target")
+WINDOW = typer.Option(None, "--window", "-k", help=WINDOW_HELP)
+OPT = typer.Option(None, "--opt", help="method option key=value (repeatable; `specdec methods` lists them)")
+MEMORY = typer.Option(None, "--memory", help="auto: keep its memory of outputs in this folder across runs "
+                      "(default: this run only, so runs are reproducible)")
+MAX_NEW_TOKENS = typer.Option(128, "--max-new-tokens", "-n", help="tokens to generate (per prompt and turn)")
+TEMPERATURE = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (output identical to ar's)")
+SEED = typer.Option(0, "--seed", help="seed of the sampling (temperature > 0)")
+DTYPE = typer.Option("auto", "--dtype", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
+DEVICE = typer.Option("auto", "--device", help="auto (device_map=auto over GPUs, else CPU), cpu, cuda, cuda:N")
+THREADS = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)")
+BUDGET = typer.Option("auto", "--budget", help=BUDGET_HELP)
+KERNELS = typer.Option("auto", "--kernels", help="target's CPU linear kernels: auto (measured per row count, cached) "
+                       "or torch (PyTorch's own)")
+COMPILE = typer.Option("auto", "--compile", help="static KV cache and compiled forwards (CUDA graphs on a GPU): auto "
+                       "(on for CUDA, off on the CPU, where it measured slower), on, off, or static (the static cache "
+                       "without compiling)")
+RAW = typer.Option(False, "--raw", help="do not apply the chat template")
+JSON = typer.Option(False, "--json", help="machine-readable output: JSON instead of text or a table")
+PLOT = typer.Option(None, "--plot", help="write a PNG chart here")
+METHOD_NAMES = ", ".join(METHODS)
+BASELINE_NAMES = ", ".join(HF_BASELINES)
+PROMPT_SET_NAMES = ", ".join(PROMPT_SETS)
+
+__all__ = ["List", "Optional"]  # re-exported for the commands' annotations
