@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specdec_cli.engine import trees
-from specdec_cli.engine.budget import Budget, Calibrator, parse_budget
+from specdec_cli.config import parse_budget
+from specdec_cli.engine.budget import Budget, Calibrator
 from specdec_cli.engine.loop import Drafter, generate
 from specdec_cli.errors import SpecdecError
 from specdec_cli.runtime.profile import Profile

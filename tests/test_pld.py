@@ -6,7 +6,8 @@ import random
 
 import torch
 
-from specdec_cli.methods.pld import PromptLookup, lookup
+from specdec_cli.drafting.prompt_lookup import lookup
+from specdec_cli.methods.pld import PromptLookup
 
 
 def transformers_candidates(tokens: list[int], max_ngram: int, num_pred: int, eos: int | None = None) -> list[int]:
@@ -45,7 +46,7 @@ def test_draft_stops_before_a_stop_token():
 
 def test_incremental_index_agrees_with_the_scan():
     """The O(new tokens) index gives lookup's answer at every step of a growing sequence, and afresh on a new one."""
-    from specdec_cli.methods.pld import NgramIndex, lookup_match
+    from specdec_cli.drafting.prompt_lookup import FirstOccurrenceIndex as NgramIndex, lookup_match
 
     rng = random.Random(1)
     for trial in range(30):
@@ -59,7 +60,7 @@ def test_incremental_index_agrees_with_the_scan():
 
 
 def test_prepared_index_is_adopted_by_the_list_that_extends_the_prompt():
-    from specdec_cli.methods.pld import NgramIndex, lookup_match
+    from specdec_cli.drafting.prompt_lookup import FirstOccurrenceIndex as NgramIndex, lookup_match
 
     prompt = [1, 2, 3, 4, 1, 2]
     index = NgramIndex(3)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..runtime.positions import chain_parents, depths  # noqa: F401 - the tree shape, for its users
+from ..runtime.positions import chain_parents, depths  # noqa: F401 - depths: the tree shape, for its users
 
 
 @dataclass

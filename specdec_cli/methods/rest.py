@@ -16,11 +16,11 @@ import time
 import numpy as np
 
 from ..drafting.count_trie import count_trie, top_by_count
+from ..drafting.prompt_lookup import FirstOccurrenceIndex
 from ..datastore import SuffixArrayDatastore
 from ..engine.loop import Draft, Drafter
 from ..errors import SpecdecError
 from ..drafting.output_memory import OutputMemory
-from .pld import NgramIndex
 
 CONTEXT_NGRAM, CONTEXT_MIN_NGRAM = 3, 1  # prompt lookup's settings (transformers' prompt_lookup defaults)
 CONTEXT_SHARE = 3  # the context's continuation counts 3x all datastore rows: 3/4 of the root's weight
@@ -39,7 +39,7 @@ class RestDrafter(Drafter):
         self.n_max, self.cont_len, self.top_c, self.max_matches = n_max, cont_len, top_c, max_matches
         self.memory, self.memory_weight = memory, memory_weight
         self.context = context
-        self.index: NgramIndex | None = None
+        self.index: FirstOccurrenceIndex | None = None
         self.context_hits = 0
         self.sequence: list[int] | None = None  # the current generation's tokens (for the memory)
         self.retrieval_s: list[float] = []
@@ -55,7 +55,7 @@ class RestDrafter(Drafter):
         self.retrieval_s, self.match_lengths, self.draft_sizes = [], [], []
         self.memory_hits = self.context_hits = 0
         if self.context:
-            self.index = NgramIndex(CONTEXT_NGRAM)
+            self.index = FirstOccurrenceIndex(CONTEXT_NGRAM)
             self.index.prepare(list(prompt))
 
     def accept(self, tokens: list[int], outcome) -> None:

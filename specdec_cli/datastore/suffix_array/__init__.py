@@ -1,1 +1,2 @@
-"""datastore/suffix_array"""
+"""REST's suffix-array datastores: building them (``build``), the compiled longest-suffix search (``search``)
+and retrieval of continuations (``retrieval``)."""
