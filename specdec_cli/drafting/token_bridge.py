@@ -1,0 +1,158 @@
+"""Drafting with a model whose tokenizer is not the target's: its text carried across exactly, at the byte level.
+
+Every token of either vocabulary is a byte string (:class:`ByteVocab`): byte-level BPE pieces map through GPT-2's
+byte alphabet, SentencePiece pieces turn ``▁`` into a space and ``<0xNN>`` byte-fallback tokens into their byte;
+special and control tokens are empty (they are markup, not text). The target's sequence is then a byte string, and
+:class:`TokenBridge` keeps the draft's view of it in step:
+
+* :meth:`TokenBridge.draft_context` -- the draft's token ids for the target's text so far. Only the unsettled tail
+  is re-tokenized with the draft's tokenizer (the last few draft tokens and the new text), so the draft's cache
+  keeps everything before it; bytes that do not yet form a whole UTF-8 character wait for the next step.
+* :meth:`TokenBridge.to_target` -- the draft's continuation as target token ids: its bytes after the target's
+  text, tokenized with the target's tokenizer together with the target's last token (so a token that merges across
+  the boundary is seen), cut before the first token that may still change with the text that follows.
+
+Nothing here decides what is emitted: the translated draft is a fixed candidate that the target verifies with the
+exact tree walk, so greedy output is identical to ``ar`` and sampled output is distributed as ``p_target`` whatever
+the translation gets wrong -- it can only cost acceptance.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+SETTLE_TOKENS = 2  # draft tokens re-tokenized with every new text (a merge rarely reaches further back)
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's reversible byte <-> printable character map, reversed."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _decoder_kinds(tokenizer) -> set[str]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return set()
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    return {p.get("type", "") for p in parts if p}
+
+
+class ByteVocab:
+    """The bytes of every token id of a tokenizer (special tokens: ``b""``)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        kinds = _decoder_kinds(tokenizer)
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        special = set(tokenizer.all_special_ids)
+        special |= {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+        if "ByteLevel" in kinds:
+            table = _gpt2_byte_decoder()
+            convert = lambda piece: bytes(table[c] for c in piece) if all(c in table for c in piece) else None  # noqa: E731
+        elif "ByteFallback" in kinds or "Metaspace" in kinds or "Replace" in kinds:
+            def convert(piece):
+                m = _BYTE_PIECE.match(piece)
+                return bytes([int(m.group(1), 16)]) if m else piece.replace("\u2581", " ").encode("utf-8")
+        else:
+            convert = None
+        self.bytes: list[bytes] = []
+        for i, piece in enumerate(pieces):
+            b = None if i in special or piece is None else (convert(piece) if convert else None)
+            if b is None and i not in special and piece is not None:
+                b = tokenizer.decode([i]).encode("utf-8")  # a tokenizer family not covered above: its own decoding
+            self.bytes.append(b or b"")
+
+    def text(self, ids) -> bytes:
+        table, n = self.bytes, len(self.bytes)
+        return b"".join(table[i] for i in ids if 0 <= i < n)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def whole_chars(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that is whole UTF-8 characters."""
+    end = len(data)
+    for back in range(1, min(4, end) + 1):
+        b = data[end - back]
+        if b < 0x80:
+            return end if back == 1 else end - back + 1
+        if b >= 0xC0:  # a lead byte: is its character complete?
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return end if back >= need else end - back
+    return end
+
+
+class TokenBridge:
+    """The draft's token ids for the target's sequence, kept incrementally, and draft continuations as target ids."""
+
+    def __init__(self, target: ByteVocab, draft: ByteVocab):
+        self.target, self.draft = target, draft
+        self.reset()
+
+    def reset(self) -> None:
+        self.target_ids: list[int] = []
+        self.text = b""  # the target's sequence as bytes
+        self.draft_ids: list[int] = []  # the draft's tokens for text[:settled]
+        self.ends: list[int] = []  # byte offset after each draft token
+        self.settled = 0
+
+    def draft_context(self, target_ids: list[int]) -> list[int]:
+        """The draft's token ids for ``target_ids``'s text (whole characters only)."""
+        n = len(self.target_ids)
+        if target_ids[:n] != self.target_ids:
+            self.reset()
+            n = 0
+        if n == len(target_ids) and self.draft_ids:
+            return self.draft_ids
+        self.text += self.target.text(target_ids[n:])
+        self.target_ids = list(target_ids)
+        keep = max(0, len(self.draft_ids) - SETTLE_TOKENS)
+        while keep and 0x80 <= self.text[self.ends[keep - 1]] < 0xC0:  # never cut inside a character
+            keep -= 1
+        start = self.ends[keep - 1] if keep else 0
+        end = whole_chars(self.text)
+        tail = self.draft.encode(self.text[start:end].decode("utf-8", errors="replace")) if end > start else []
+        self.draft_ids = self.draft_ids[:keep] + tail
+        self.ends = self.ends[:keep]
+        pos = start
+        for i in tail:
+            pos += len(self.draft.bytes[i])
+            self.ends.append(pos)
+        if self.ends:
+            self.ends[-1] = end  # a tokenizer whose pieces do not add up to the text (normalisation) still settles
+        self.settled = end
+        return self.draft_ids
+
+    def to_target(self, continuation: list[int], final: bool = False) -> list[int]:
+        """Target token ids for the draft's ``continuation`` (draft ids after :meth:`draft_context`'s), up to the
+        first one the text after the continuation could still change; ``final``: the draft stopped at its end of
+        sequence, so the last token is settled too."""
+        new = self.draft.text(continuation)
+        pending = self.text[self.settled:]  # bytes of a character the target has begun and the draft has not seen
+        if not new.startswith(pending):
+            return []
+        new = new[len(pending):]
+        last = self.target_ids[-1] if self.target_ids else None
+        anchor = self.target.bytes[last] if last is not None else b""
+        if not anchor or pending:
+            anchor = b""
+        joined = anchor + new
+        end = whole_chars(joined)
+        ids = self.target.encode(joined[:end].decode("utf-8", errors="replace"))
+        if anchor:
+            if ids[:1] != [last]:  # the draft's text merges into the target's last token: nothing to propose
+                return []
+            ids = ids[1:]
+        return ids if final else ids[:-1]  # the last token may still grow with the text that follows
