@@ -115,10 +115,10 @@ def bench(
         from ..methods import check_options, precheck_datastore
 
         check_options([m for m in cfg.methods if m in api.METHODS], cfg.options)
-        stores = []
+        stores, opened = [], {}  # each store opened once, shared by the methods
         for name in cfg.methods:
             found = lib.datastore_for(name, cfg.datastore)
-            precheck_datastore(name, found)
+            precheck_datastore(name, found, opened)
             stores += [found] if isinstance(found, str) else list(found or [])
         if stores:  # of another tokenizer: said with the tokenizer alone, before the weights load
             from ..datastore import check_stores_tokenizer
@@ -135,7 +135,7 @@ def bench(
         prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)  # before the model loads
         target, drafts = api.load(model, cfg.drafts, dtype, device, kernels)
         try:
-            record = lib.benchmark(cfg, target, drafts, checkpoint, prompt_list)
+            record = lib.benchmark(cfg, target, drafts, checkpoint, prompt_list, opened)
         except KeyboardInterrupt:
             hint = f"; finished generations are in {checkpoint.path}: rerun with --resume" if out else ""
             raise Interrupted(f"interrupted{hint}") from None

@@ -76,7 +76,7 @@ def generate(
         if threads is not None and threads < 1:
             raise SpecdecError(f"--threads must be >= 1, got {threads}")
         stores = list(datastore or [])
-        precheck_datastore(method, stores)
+        opened = precheck_datastore(method, stores)  # each store opened once, handed to the method
         quiet_libraries()
         if stores:  # a store of another tokenizer: said before the weights load (the tokenizer alone is cheap)
             from ..datastore import check_stores_tokenizer
@@ -91,7 +91,7 @@ def generate(
         target, draft_models = api.load(model, drafts, dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
         drafter = api.make_drafter(method, target, draft_models, datastore=stores, window=window, options=options,
-                                   budget=budget, compile=compile)
+                                   budget=budget, compile=compile, opened=opened)
         for i, ids in enumerate(encoded):
             if i and not as_json:
                 print("\n---\n", flush=True)  # plain-text answers of a batch, told apart
