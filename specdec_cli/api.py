@@ -79,19 +79,21 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
 
 def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
                  *, datastore: str | list[str] | None = None, options: dict[str, str] | None = None,
-                 check: bool = True, compile: str = "auto", **values) -> Drafter:
+                 check: bool = True, compile: str = "auto", opened: dict | None = None, **values) -> Drafter:
     """A drafter for ``method`` with its :class:`~specdec_cli.engine.budget.Budget` (``settings.budget``;
     ``auto``: priced with this machine's measured forward times of ``target``, measured once and cached).
     ``settings``: the run's checked values, else made from ``values`` (``window=``, ``budget=``, ...).
     ``datastore``: a folder, or for ``auto`` a list of folders of any kinds. ``check=False``: the caller has checked
-    ``options`` against several methods that share them (bench)."""
+    ``options`` against several methods that share them (bench). ``opened``: the stores the pre-check opened
+    (:func:`specdec_cli.methods.precheck_datastore`), used instead of opening them again."""
     settings = settings or RunSettings(**values)
     mode = settings.budget
     stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
     if method != "auto" and len(stores) > 1:
         raise SpecdecError(f"--method {method} takes one --datastore, got {len(stores)} (only auto takes several)")
     ctx = MethodContext(target, list(drafts), None if method == "auto" else (stores or [None])[0], settings.window,
-                        dict(options or {}), mode, datastores=stores if method == "auto" else [])
+                        dict(options or {}), mode, datastores=stores if method == "auto" else [],
+                        opened=opened if opened is not None else {})
     if check:
         check_options([method], ctx.options)
     drafter = build_drafter(method, ctx)

@@ -10,6 +10,7 @@ import typer
 
 from .commands import bench
 from .commands import datastore
+from .commands import drafting
 from .commands import entropy
 from .commands import generate
 from .commands import info
@@ -22,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for command in (generate, bench, datastore, entropy, info):
+for command in (generate, bench, datastore, drafting, entropy, info):
     command.register(app)
 
 

@@ -10,11 +10,22 @@ import numpy as np
 import pytest
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.drafting.mcts import MCTSConfig, exploration, puct, run_mcts
+from specdec_cli.drafting.mcts import MCTSConfig, run_mcts
 from specdec_cli.engine.trees import merge_paths
 from specdec_cli.datastore import TrigramMatrix, build_trigram_datastore
 
 V = 10
+
+
+def exploration(total_visits: int, c1: float, c2: float) -> float:
+    """Eq. 3: ``E = C1 + log((sum_b N(s, b) + C2 + 1) / C2)`` -- grows slowly with the parent's visits (the
+    reference for the compiled search in drafting/mcts.py, which computes it inline)."""
+    return c1 + math.log((total_visits + c2 + 1) / c2)
+
+
+def puct(q: float, prior: float, visits: int, total_visits: int, c1: float, c2: float) -> float:
+    """Eq. 2: ``Q(s, a) + E * P(s, a) * sqrt(sum_b N(s, b)) / (1 + N(s, a))``."""
+    return q + exploration(total_visits, c1, c2) * prior * math.sqrt(total_visits) / (1 + visits)
 
 
 def test_exploration_and_puct_by_hand():
@@ -81,7 +92,7 @@ def test_merge_paths_shares_prefixes():
 def test_store_round_trip(tmp_path):
     docs = [[1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 4, 6], [9, 9]]
     stats = build_trigram_datastore(docs, tmp_path / "tri", fingerprint="fp", vocab_size=V, top_k=12, progress=False)
-    assert stats["documents"] == 4 and stats["tokens"] == 14 and stats["contexts"] == 3 and stats["bytes"] > 0
+    assert stats.documents == 4 and stats.tokens == 14 and stats.details["contexts"] == 3 and stats.bytes > 0
     m = TrigramMatrix.load(tmp_path / "tri", "fp")
     assert isinstance(m.keys, np.memmap)
     mem = TrigramMatrix.from_token_docs(docs, V)

@@ -15,7 +15,7 @@ from specdec_cli.io.corpora import iter_documents, iter_json_array, record_texts
 from specdec_cli.datastore import SuffixArrayDatastore, build_suffix_array_datastore
 from specdec_cli.drafting.count_trie import count_trie as build_trie, top_by_count as select_top
 from specdec_cli.datastore import format as fmt
-from specdec_cli.datastore.suffix_array.build import aligned_suffixes, shard_bytes_array
+from specdec_cli.datastore.suffix_array.build import ByteBuffer, aligned_suffixes
 from specdec_cli.errors import SpecdecError
 
 SAMPLE = Path(__file__).resolve().parent.parent / "datastores" / "samples" / "ultrachat-sample.jsonl"
@@ -33,6 +33,14 @@ def naive_sorted_suffixes(docs: list[list[int]], sep: int) -> list[tuple[int, ..
     flat = [t for doc in docs for t in (*doc, sep)]
     suffixes = [tuple(flat[i:]) for i in range(len(flat)) if flat[i] != sep]
     return sorted(suffixes)
+
+
+def shard_bytes_array(docs: list[list[int]], width: int) -> np.ndarray:
+    """Documents with a separator after each, as a writable 1-D uint8 array (divsufsort's input)."""
+    buf = ByteBuffer(width)
+    for doc in docs:
+        buf.add(doc)
+    return buf.array()
 
 
 def build(tmp_path: Path, docs, vocab: int, name: str = "ds", **kw) -> Path:

@@ -114,11 +114,11 @@ def teach(drafter, tokens: list[int], draft, truth: list[int]) -> None:
 
 def run(method: str, model: str, *, datastore: str | list[str] | None, prompt_set: str, limit: int | None, steps: int,
         context: int | None, options: dict, max_tokens: int = 16) -> dict:
-    from ..methods import MethodContext, build_drafter
+    from ..methods import MethodContext, build_drafter, model_free
     from ..io.models import load_tokenizer
 
-    if method not in ("auto", "rest", "aded", "pld", "ngram-trie"):
-        raise SpecdecError("bench-drafting times drafters that need no model: auto, rest, aded, pld, ngram-trie; "
+    if method not in model_free():
+        raise SpecdecError(f"bench-drafting times drafters that need no model: {', '.join(model_free())}; "
                            f"got {method!r}")
     stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
     if method != "auto" and len(stores) > 1:

@@ -34,12 +34,13 @@ def datastore_for(method: str, specs: list[str] | str | None) -> str | list[str]
     return named.get(method, bare[0] if bare else None)
 
 
-def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
-    """A runner for one of our methods; the drafter is built once and reused, as ``specdec generate`` does."""
+def specdec_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict | None = None) -> Runner:
+    """A runner for one of our methods; the drafter is built once and reused, as ``specdec generate`` does.
+    ``opened``: the run's opened datastores (shared by its methods; opened now when absent)."""
     try:
         drafter = api.make_drafter(method, target, drafts, cfg.settings,
                                    datastore=datastore_for(method, cfg.datastore), options=cfg.options, check=False,
-                                   compile=cfg.compile)
+                                   compile=cfg.compile, opened=opened)
     except ModuleNotFoundError as err:
         raise SpecdecError(f"method {method!r} is not available in this installation ({err})") from None
     def run(ids: list[int], max_new_tokens: int) -> Generation:
@@ -130,10 +131,10 @@ def hf_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     return run
 
 
-def make_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
+def make_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict | None = None) -> Runner:
     if method in HF_BASELINES:
         return hf_runner(method, target, drafts, cfg)
-    return specdec_runner(method, target, drafts, cfg)
+    return specdec_runner(method, target, drafts, cfg, opened)
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
@@ -209,13 +210,14 @@ class Progress:
 
 
 def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], methods: list[str],
-                    checkpoint=None) -> list[Generation]:
+                    checkpoint=None, opened: dict | None = None) -> list[Generation]:
     """Every prompt with every method (order rotated per prompt); units already in ``checkpoint`` (``--resume``)
     are taken from it, new ones are added to it as they finish."""
     check_options(methods, cfg.options)  # shared by the methods: each key must be some method's
     for prompt in prompts:  # a prompt too long for -n is one error now, not after the prompts before it ran
         encode_turn(target, prompt, 0, [], cfg.max_new_tokens)
-    runners = {m: make_runner(m, target, drafts, cfg) for m in methods}
+    opened = {} if opened is None else opened  # one open per datastore, shared by the methods
+    runners = {m: make_runner(m, target, drafts, cfg, opened) for m in methods}
     if cfg.warmup:
         warm_up(target, prompts, runners, cfg.max_new_tokens)
     total = sum(len(p.turns) for p in prompts) * len(methods)
@@ -254,15 +256,17 @@ def restore_state(runner: Runner, method: str, state, checkpoint) -> None:
                            "--resume to start over") from None
 
 
-def benchmark(cfg: BenchConfig, target, drafts, checkpoint=None, prompts: list[Prompt] | None = None) -> dict:
+def benchmark(cfg: BenchConfig, target, drafts, checkpoint=None, prompts: list[Prompt] | None = None,
+              opened: dict | None = None) -> dict:
     """Run the benchmark on already loaded models and return the record (see docs/bench.md for its schema).
-    ``checkpoint`` (:class:`specdec_cli.bench.checkpoint.Checkpoint`) keeps finished generations for ``--resume``."""
+    ``checkpoint`` (:class:`specdec_cli.bench.checkpoint.Checkpoint`) keeps finished generations for ``--resume``.
+    ``opened``: the datastores the pre-check opened (``methods.precheck_datastore``), handed to the methods."""
     set_threads(cfg.settings.threads)
     methods = method_list(cfg.methods)
     cfg.methods = methods
     if prompts is None:
         prompts = load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)
-    generations = run_generations(target, drafts, cfg, prompts, methods, checkpoint)
+    generations = run_generations(target, drafts, cfg, prompts, methods, checkpoint, opened)
     device = str(next(target.model.parameters()).device)
     return make_record(cfg, prompts, summarize(generations, methods, cfg.greedy), device)
 

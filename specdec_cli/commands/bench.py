@@ -93,20 +93,22 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
         check_folder(memory)
 
 
-def check_stores(lib, cfg) -> None:
+def check_stores(lib, cfg) -> dict:
     """Every method's --datastore: present, of its kind, sound, and of the model's tokenizer (the tokenizer alone,
-    before the weights load)."""
+    before the weights load). Each store is opened once; the opened stores are returned, to be shared by the
+    methods."""
     from ..methods import precheck_datastore
 
-    stores = []
+    stores, opened = [], {}
     for name in cfg.methods:
         found = lib.datastore_for(name, cfg.datastore)
-        precheck_datastore(name, found)
+        precheck_datastore(name, found, opened)
         stores += [found] if isinstance(found, str) else list(found or [])
     if stores:
         from ..datastore import check_stores_tokenizer
 
         check_stores_tokenizer(sorted(set(stores)), cfg.model)
+    return opened
 
 
 def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, as_json: bool) -> None:
@@ -120,7 +122,7 @@ def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, a
 
     set_threads(cfg.settings.threads)
     lib.datastore_for("rest", cfg.datastore)  # ambiguous --datastore values fail before anything loads
-    check_stores(lib, cfg)
+    opened = check_stores(lib, cfg)
     # every file the run reads or writes at its end is checked now: a bad one never costs a finished run
     old_records = lib.read_records(compare_to) if compare_to else None
     if plot:
@@ -132,7 +134,7 @@ def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, a
     prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)  # before the model loads
     target, drafts = api.load(cfg.model, cfg.drafts, cfg.dtype, cfg.device, cfg.kernels)
     try:
-        record = lib.benchmark(cfg, target, drafts, checkpoint, prompt_list)
+        record = lib.benchmark(cfg, target, drafts, checkpoint, prompt_list, opened)
     except KeyboardInterrupt:
         hint = f"; finished generations are in {checkpoint.path}: rerun with --resume" if out else ""
         raise Interrupted(f"interrupted{hint}") from None

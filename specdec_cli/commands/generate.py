@@ -58,7 +58,7 @@ def generate(
             raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
         check_options([method], options)
         stores = list(datastore or [])
-        precheck_datastore(method, stores)
+        opened = precheck_datastore(method, stores)  # each store opened once, handed to the method
         quiet_libraries()
         if stores:  # a store of another tokenizer: said before the weights load (the tokenizer alone is cheap)
             from ..datastore import check_stores_tokenizer
@@ -71,7 +71,7 @@ def generate(
         target, draft_models = api.load(model, list(draft or []), dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
         drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,
-                                   compile=compile)
+                                   compile=compile, opened=opened)
         meta = {"model": model, "method": method, "drafts": list(draft or [])}
         for i, ids in enumerate(encoded):
             answer(api, target, ids, drafter, settings, compile, i, meta if as_json else None)

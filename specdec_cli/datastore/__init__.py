@@ -1,42 +1,82 @@
 """Retrieval datastores, one registry of kinds: REST's suffix arrays and ADED's tri-gram matrices.
 
-Both kinds share the on-disk conventions of ``format.py`` (manifest written last, temp-dir builds, size and
-structure checks at load) and one signature each for building and loading::
+``KINDS`` is the one place that knows the kinds: their names, builders, store classes and build options. Both
+kinds share the on-disk conventions of ``format.py`` (manifest written last, temp-dir builds, size and structure
+checks at load) and one signature each for building and loading::
 
     KINDS[kind].build(token_docs, out, *, fingerprint, vocab_size, progress=True, meta=None, **kind_options)
-    KINDS[kind].load(folder, fingerprint=None, verify=False)
+        -> format.BuildSummary (one shape for every kind)
+    KINDS[kind].load(folder, fingerprint=None, verify=False) -> the opened store
 
-Modules: ``format`` (coding, manifest, integrity), ``build`` / ``search`` / ``retrieval`` (suffix arrays),
-``trigram`` / ``trigram_matrix`` (tri-grams), ``tokenize`` (tokenizer worker processes) and ``pipeline``
+A run opens each store once (:func:`open_once`, in the pre-check before any model loads) and hands the opened
+stores to its methods (:func:`drafting_store`), which each get their own view (a tri-gram matrix's adapted rows
+are per drafter; the memory-mapped base is shared).
+
+The registry is read without NumPy or numba (``specdec --help``, option checks): the modules of a kind are
+imported when it builds or loads. Modules: ``format`` (coding, manifest, integrity), ``suffix_array/`` (build,
+search, retrieval), ``trigram/`` (store, matrix), ``tokenizing/`` (tokenizer worker processes) and ``pipeline``
 (corpus -> datastore, the library side of ``specdec build-datastore``). Format: docs/datastore-format.md.
 """
 
-from dataclasses import dataclass
-from typing import Callable
+from __future__ import annotations
 
-from .suffix_array.build import build_suffix_array_datastore
-from .format import FORMAT_VERSION, token_width
-from .suffix_array.retrieval import SuffixArrayDatastore
-from .trigram.store import build_trigram_datastore
-from .trigram.matrix import TrigramMatrix
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIX_ARRAY = "suffix-array"
+TRIGRAM = "trigram"
 
 
 @dataclass(frozen=True)
 class Kind:
-    build: Callable  # (token_docs, out, *, fingerprint, vocab_size, progress, meta, **options) -> manifest/stats
-    load: Callable  # (folder, fingerprint=None, verify=False) -> the opened store
-    method: str  # the method that drafts from it
+    name: str
+    builder: str  # "module:function" in this package: (token_docs, out, *, fingerprint, ...) -> BuildSummary
+    store: str  # "module:Class" in this package, with ``load(folder, fingerprint=None, verify=False)``
+    build_options: tuple[str, ...] = ()  # pipeline options this kind's builder takes
+
+    def build(self, *args, **kwargs):
+        return _attr(self.builder)(*args, **kwargs)
+
+    def load(self, folder, fingerprint: str | None = None, verify: bool = False):
+        return _attr(self.store).load(folder, fingerprint=fingerprint, verify=verify)
+
+
+def _attr(spec: str):
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module, __name__), name)
 
 
 KINDS = {
-    "suffix-array": Kind(build_suffix_array_datastore, SuffixArrayDatastore.load, "rest"),
-    "trigram": Kind(build_trigram_datastore, TrigramMatrix.load, "aded"),
+    SUFFIX_ARRAY: Kind(SUFFIX_ARRAY, ".suffix_array.build:build_suffix_array_datastore",
+                       ".suffix_array.retrieval:SuffixArrayDatastore", ("shard_bytes", "token_bar")),
+    TRIGRAM: Kind(TRIGRAM, ".trigram.store:build_trigram_datastore", ".trigram.matrix:TrigramMatrix"),
 }
+DEFAULT_KIND = SUFFIX_ARRAY
+LAZY = {"build_suffix_array_datastore": KINDS[SUFFIX_ARRAY].builder, "SuffixArrayDatastore": KINDS[SUFFIX_ARRAY].store,
+        "build_trigram_datastore": KINDS[TRIGRAM].builder, "TrigramMatrix": KINDS[TRIGRAM].store,
+        "FORMAT_VERSION": ".format:FORMAT_VERSION", "token_width": ".format:token_width"}
+
+
+def __getattr__(name: str):  # the heavy names, imported on first use
+    if name in LAZY:
+        return _attr(LAZY[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclass(frozen=True)
+class OpenStore:
+    """A datastore opened (structure checked) once for a run."""
+
+    folder: str
+    kind: str
+    store: object  # SuffixArrayDatastore or TrigramMatrix
+    manifest: dict
+
 
 def store_kind(folder) -> str:
     """The kind of the datastore in ``folder``, from its manifest (one clear error when it is none)."""
     import json
-    from pathlib import Path
 
     from ..errors import SpecdecError
     from .format import FORMAT, MANIFEST
@@ -53,9 +93,9 @@ def store_kind(folder) -> str:
 
 
 def check_stores_tokenizer(folders, model: str) -> None:
-    """Each store was built with ``model``'s tokenizer: checked with the tokenizer alone, before weights load."""
+    """Each store was built with ``model``'s tokenizer: checked with the tokenizer and the manifest alone, before
+    weights load."""
     import json
-    from pathlib import Path
 
     from ..io.models import load_tokenizer, tokenizer_fingerprint
     from .format import MANIFEST, check_tokenizer
@@ -66,11 +106,45 @@ def check_stores_tokenizer(folders, model: str) -> None:
         check_tokenizer(Path(folder), manifest, fingerprint)
 
 
-def open_store(folder, fingerprint: str | None = None, verify: bool = False):
-    """``(kind, store)`` for a datastore of any kind."""
-    kind = store_kind(folder)
+def open_store(folder, fingerprint: str | None = None, verify: bool = False, kind: str | None = None):
+    """``(kind, store)`` for a datastore of ``kind`` (any kind when ``None``: told by its manifest)."""
+    kind = kind or store_kind(folder)
     return kind, KINDS[kind].load(folder, fingerprint=fingerprint, verify=verify)
 
 
-__all__ = ["store_kind", "open_store", "check_stores_tokenizer", "KINDS", "Kind", "build_suffix_array_datastore", "build_trigram_datastore", "SuffixArrayDatastore",
-           "TrigramMatrix", "FORMAT_VERSION", "token_width"]
+def open_once(opened: dict, folder, kind: str | None = None) -> OpenStore:
+    """The store in ``folder``, opened (without the tokenizer check) unless ``opened`` holds it; kept there."""
+    entry = opened.get(str(folder))
+    if entry is not None:
+        if kind is not None and entry.kind != kind:
+            from .format import read_manifest
+
+            read_manifest(Path(folder), kind)  # refuses it: "is a ... datastore; this needs ..."
+        return entry
+    kind, store = open_store(folder, kind=kind)
+    entry = OpenStore(str(folder), kind, store, store.manifest)
+    opened[str(folder)] = entry
+    return entry
+
+
+def drafting_store(opened: dict, folder, *, kind: str | None = None, fingerprint: str | None = None,
+                   verify: bool = False) -> tuple[str, object]:
+    """``(kind, store)`` a drafter drafts from: the run's opened store (opened now when the caller did not open
+    it), checked against ``fingerprint`` (its manifest), every file's sha256 checked when ``verify``; the drafter
+    gets its own view of it."""
+    from . import format as fmt
+
+    if str(folder) not in opened:
+        kind, store = open_store(folder, fingerprint, verify, kind)
+        opened[str(folder)] = OpenStore(str(folder), kind, store, store.manifest)
+        return kind, store.view()
+    entry = open_once(opened, folder, kind)
+    if fingerprint is not None:
+        fmt.check_tokenizer(Path(folder), entry.manifest, fingerprint)
+    if verify:
+        fmt.check_files(Path(folder), entry.manifest, verify=True)
+    return entry.kind, entry.store.view()
+
+
+__all__ = ["store_kind", "open_store", "open_once", "drafting_store", "check_stores_tokenizer", "KINDS", "Kind",
+           "OpenStore", "SUFFIX_ARRAY", "TRIGRAM", "DEFAULT_KIND", *LAZY]

@@ -15,6 +15,7 @@ import hashlib
 import json
 import stat
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,24 @@ def move_into_place(tmp: Path, out: Path) -> None:
     if out.exists():
         check_out_dir(out)
     replace_dir(tmp, out)
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    """What every kind's builder returns (one shape): ``details`` holds the kind's own counts."""
+
+    kind: str
+    tokens: int
+    documents: int
+    shards: int  # suffix-array shards (0 for a tri-gram store)
+    bytes: int  # every file of the finished store
+    details: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, out: Path, manifest: dict, **details) -> "BuildSummary":
+        size = sum(p.stat().st_size for p in Path(out).iterdir() if p.is_file())
+        return cls(manifest["kind"], int(manifest["num_tokens"]), int(manifest["num_documents"]),
+                   len(manifest.get("shards", [])), size, details)
 
 
 def read_manifest(folder: Path, kind: str = KIND) -> dict:

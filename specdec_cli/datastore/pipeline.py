@@ -13,14 +13,14 @@ from pathlib import Path
 
 from ..io.corpora import iter_documents
 from ..errors import SpecdecError
-from . import KINDS
+from . import DEFAULT_KIND, KINDS
 from .suffix_array.build import DEFAULT_SHARD_BYTES
-from .format import check_out_dir
+from .format import BuildSummary, check_out_dir
 from ..runtime.machine import peak_rss_bytes
 from .tokenizing.tokenize import ParallelTokenizer, tokenizer_info
 
 
-def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_tokens: int | None = None,
+def build(corpus: str, model: str, out: str, *, kind: str = DEFAULT_KIND, max_tokens: int | None = None,
           max_docs: int | None = None, shard_bytes: int | None = None, progress: bool = True,
           workers: int | None = None) -> dict:
     """Tokenize ``corpus`` with ``model``'s tokenizer and build a ``kind`` datastore in ``out``; returns a short
@@ -36,10 +36,11 @@ def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_
     texts = _reading_bar(itertools.chain([first], texts), corpus, progress)
     fingerprint, vocab_size, docs, pool = _token_documents(model, texts, max_tokens, workers or os.cpu_count() or 1)
     meta = {"corpus": corpus, "model": model, "max_tokens": max_tokens, "max_docs": max_docs}
-    options = {"shard_bytes": shard_bytes or DEFAULT_SHARD_BYTES, "token_bar": False} if kind == "suffix-array" else {}
+    options = {"shard_bytes": shard_bytes or DEFAULT_SHARD_BYTES, "token_bar": False}
+    options = {k: v for k, v in options.items() if k in KINDS[kind].build_options}
     try:
-        manifest = KINDS[kind].build(docs, out, fingerprint=fingerprint, vocab_size=vocab_size, meta=meta,
-                                     progress=progress, **options)
+        built = KINDS[kind].build(docs, out, fingerprint=fingerprint, vocab_size=vocab_size, meta=meta,
+                                  progress=progress, **options)
     except OSError as err:  # disk full, quota, a read-only folder: the half-built folder is already removed
         reason = err.strerror or str(err)
         if err.errno is None and "requested" in reason and "written" in reason:
@@ -48,7 +49,7 @@ def build(corpus: str, model: str, out: str, *, kind: str = "suffix-array", max_
     finally:
         docs.close()  # stops the tokenizer workers at once when the build ends early (error, Ctrl-C)
     seconds = time.perf_counter() - t0
-    return _summary(Path(out), manifest or {}, seconds, pool.peak_rss_bytes() if pool else 0)
+    return _summary(Path(out), built, seconds, pool.peak_rss_bytes() if pool else 0)
 
 
 def _reading_bar(texts, corpus: str, enabled: bool):
@@ -84,14 +85,14 @@ def _token_documents(model: str, texts, max_tokens: int | None, workers: int):
     return info["fingerprint"], info["vocab_size"], tokenize_documents(load_tokenizer(model), texts, max_tokens), None
 
 
-def _summary(out: Path, manifest: dict, seconds: float, workers_rss: int = 0) -> dict:
-    """``peak_rss_bytes`` counts this process and the tokenizer workers together (they run at the same time)."""
-    tokens = int(manifest.get("num_tokens", 0))
-    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file()) if out.is_dir() else 0
+def _summary(out: Path, built: BuildSummary, seconds: float, workers_rss: int = 0) -> dict:
+    """The JSON line ``build-datastore`` prints, from the builder's summary (one shape for every kind).
+    ``peak_rss_bytes`` counts this process and the tokenizer workers together (they run at the same time)."""
+    tokens, size = built.tokens, built.bytes
     main = peak_rss_bytes()
     peak = main + workers_rss
-    return {"out": str(out), "kind": manifest.get("kind"), "tokens": tokens, "documents": manifest.get("num_documents"),
-            "shards": len(manifest.get("shards", [])), "bytes": size, "seconds": round(seconds, 2),
+    return {"out": str(out), "kind": built.kind, "tokens": tokens, "documents": built.documents,
+            "shards": built.shards, "bytes": size, "seconds": round(seconds, 2),
             "bytes_per_token": round(size / tokens, 3) if tokens else None,
             "seconds_per_million_tokens": round(seconds / tokens * 1e6, 2) if tokens else None,
             "peak_rss_bytes": peak, "peak_rss_main_bytes": main, "peak_rss_workers_bytes": workers_rss,

@@ -13,7 +13,6 @@ distinct ones are returned and become a prefix-merged draft tree (``trees.merge_
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -29,16 +28,6 @@ class MCTSConfig:
     c2: float = 8.0
     depth: int = 4  # l: search depth = length of each candidate continuation
     candidates: int = 24  # n: continuation candidates merged into the draft tree
-
-
-def exploration(total_visits: int, c1: float, c2: float) -> float:
-    """Eq. 3: ``E = C1 + log((sum_b N(s, b) + C2 + 1) / C2)`` -- grows slowly with the parent's visits."""
-    return c1 + math.log((total_visits + c2 + 1) / c2)
-
-
-def puct(q: float, prior: float, visits: int, total_visits: int, c1: float, c2: float) -> float:
-    """Eq. 2: ``Q(s, a) + E * P(s, a) * sqrt(sum_b N(s, b)) / (1 + N(s, a))``."""
-    return q + exploration(total_visits, c1, c2) * prior * math.sqrt(total_visits) / (1 + visits)
 
 
 @njit(cache=True, nogil=True)
@@ -132,13 +121,12 @@ def reachable(matrix, prev: int, root_token: int, depth: int):
     level_keys = np.array([prev * v + root_token], dtype=np.int64)
     level_last = np.array([root_token], dtype=np.int64)  # the token each row's context ends with
     offsets_parts, ids_parts, probs_parts = [np.zeros(1, np.int64)], [], []
-    rows_before, entries_before = 0, 0
+    entries_before = 0
     for level in range(depth):
         offsets, ids, probs = matrix.gather(level_keys)
         offsets_parts.append(offsets[1:] + entries_before)
         ids_parts.append(ids)
         probs_parts.append(probs)
-        rows_before += level_keys.size
         entries_before += ids.size
         if level == depth - 1 or not ids.size:
             break

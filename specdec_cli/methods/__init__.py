@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
+from ..datastore import SUFFIX_ARRAY, TRIGRAM
 from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # the registry is read without torch (`specdec methods`, option checks before loading)
@@ -37,6 +38,17 @@ class MethodContext:
     budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.engine.budget)
     method: str = ""  # set by build_drafter: whose registered options ``opt`` reads
     datastores: list = field(default_factory=list)  # auto: every --datastore (kinds told apart by their manifest)
+    opened: dict = field(default_factory=dict)  # folder -> datastore.OpenStore: opened once per run, shared
+
+    def store(self, folder) -> tuple[str, object]:
+        """``(kind, store)``: this method's view of the run's opened store in ``folder`` (opened now if the caller
+        did not), checked against the target's tokenizer and, with ``--opt verify=1``, every file's sha256."""
+        from ..datastore import drafting_store
+
+        info = METHODS[self.method]
+        verify = bool(self.opt("verify")) if "verify" in info.options else False
+        return drafting_store(self.opened, folder, kind=info.datastore_kind, fingerprint=self.target.fingerprint,
+                              verify=verify)
 
     def opt(self, key: str):
         """The value of a registered option of this method: ``--opt key=value`` parsed, else its default."""
@@ -55,7 +67,8 @@ class MethodInfo:
     drafts: int = 0  # draft models required
     datastore: bool = False  # needs --datastore
     help: str = ""
-    datastore_kind: str | None = None  # suffix-array (rest) or trigram (aded)
+    datastore_kind: str | None = None  # the kind of its one --datastore (specdec_cli.datastore.KINDS)
+    drafter: bool = True  # False: no drafts at all (the baseline)
     options: dict = field(default_factory=dict)  # name -> Option: the only place options and defaults are written
 
 
@@ -79,7 +92,7 @@ METHODS: dict[str, MethodInfo] = {
                                 "top_c": Option(32, "nodes kept from each source's frequency trie"),
                                 "max_nodes": Option(64, "nodes of the merged tree handed to the budget"),
                                 "model_window": Option(8, "longest draft-model chain (--window sets it too)")}),
-    "ar": MethodInfo("ar", help="autoregressive decoding with the target alone (the baseline)"),
+    "ar": MethodInfo("ar", drafter=False, help="autoregressive decoding with the target alone (the baseline)"),
     "sd": MethodInfo("sd", drafts=1, help="speculative sampling with a draft model; chain length from the budget "
                      "(K=5 with --budget paper)"),
     "self-verify": MethodInfo("self_verify", drafts=1, options={"tau0": TAU0},
@@ -90,7 +103,7 @@ METHODS: dict[str, MethodInfo] = {
                                  "tau2_0": Option(None, "M2's initial threshold (default: tau0)", float),
                                  "max_draft": Option(None, "cap on the chain sent to the target (default: 2 K)")}),
     "rest": MethodInfo("rest", datastore=True, help="REST: suffix-array retrieval drafts verified as a token tree",
-                       datastore_kind="suffix-array",
+                       datastore_kind=SUFFIX_ARRAY,
                        options={"n_max": Option(16, "longest context suffix looked up"),
                                 "cont_len": Option(10, "tokens of continuation per match"),
                                 "top_c": Option(64, "nodes kept from the frequency trie"),
@@ -103,7 +116,7 @@ METHODS: dict[str, MethodInfo] = {
                                                   "per-request tree); 0: the datastore only, as in the paper",
                                                   paper=0)}),
     "aded": MethodInfo("aded", datastore=True, help="ADED: tri-gram matrix + MCTS draft maker, adaptive updates",
-                       datastore_kind="trigram",
+                       datastore_kind=TRIGRAM,
                        options={"iterations": Option(150, "MCTS iterations per step"),
                                 "c1": Option(32.0, "PUCT exploration constant c1", float),
                                 "c2": Option(8.0, "PUCT constant c2", float),
@@ -167,15 +180,23 @@ def build_drafter(method: str, ctx: MethodContext) -> "Drafter":
     return module.build(ctx)
 
 
-def precheck_datastore(method: str, datastore: str | list[str] | None) -> None:
-    """Before any model loads: the method's ``--datastore`` exists, is of the right kind and is structurally
-    sound (the tokenizer check needs the model and comes later). ``auto`` takes any number, of any kind."""
-    if method == "auto":
-        from ..datastore import open_store
+def model_free() -> list[str]:
+    """Methods that draft without a model (``bench-drafting`` times them without a target)."""
+    return [name for name, info in METHODS.items() if info.drafter and not info.drafts]
 
+
+def precheck_datastore(method: str, datastore: str | list[str] | None, opened: dict | None = None) -> dict:
+    """Before any model loads: the method's ``--datastore`` exists, is of the right kind and is structurally
+    sound (the tokenizer check needs the model and comes later). ``auto`` takes any number, of any kind.
+    Each store is opened once: returns ``opened`` (folder -> datastore.OpenStore, a new dict when None) with
+    this method's stores added, for :class:`MethodContext` (bench shares one across its methods)."""
+    from ..datastore import open_once
+
+    opened = {} if opened is None else opened
+    if method == "auto":
         for folder in [datastore] if isinstance(datastore, str) else list(datastore or []):
-            open_store(folder)
-        return
+            open_once(opened, folder)
+        return opened
     if isinstance(datastore, list):
         if len(datastore) > 1:
             raise SpecdecError(f"--method {method} takes one --datastore, got {len(datastore)} (only auto takes "
@@ -183,9 +204,8 @@ def precheck_datastore(method: str, datastore: str | list[str] | None) -> None:
         datastore = datastore[0] if datastore else None
     info = METHODS.get(method)
     if info is None or not info.datastore:
-        return
+        return opened
     if not datastore:
         raise SpecdecError(f"--method {method} needs --datastore DIR (build one with `specdec build-datastore`)")
-    from ..datastore import KINDS
-
-    KINDS[info.datastore_kind].load(datastore)
+    open_once(opened, datastore, info.datastore_kind)
+    return opened

@@ -114,7 +114,7 @@ class Aded(Drafter):
 
 
 def build(ctx) -> Drafter:
-    matrix = TrigramMatrix.load(ctx.datastore, ctx.target.fingerprint, verify=bool(ctx.opt("verify")))
+    _, matrix = ctx.store(ctx.datastore)
     matrix.top_k = ctx.opt("top_k") or matrix.top_k
     depth = ctx.opt("depth") if "depth" in ctx.options or not ctx.window else ctx.window
     cfg = MCTSConfig(iterations=ctx.opt("iterations"), c1=ctx.opt("c1"), c2=ctx.opt("c2"), depth=depth,

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from ..datastore import SUFFIX_ARRAY
 from ..engine import trees
 from ..engine.loop import Draft, Drafter, Outcome
 from ..drafting.draft_model import DraftModel, confidence
@@ -246,8 +247,6 @@ class AutoDrafter(Drafter):
 
 
 def build(ctx) -> Drafter:
-    from ..datastore import open_store
-
     sources: list[Source] = []
     if ctx.opt("context"):
         sources.append(ContextSource(max_n=ctx.opt("max_ngram"), top_c=ctx.opt("top_c")))
@@ -261,8 +260,8 @@ def build(ctx) -> Drafter:
     elif ctx.opt("memory_dir"):
         raise SpecdecError("--memory DIR needs the memory on (drop --opt memory=0)")
     for folder in ctx.datastores:
-        kind, store = open_store(folder, ctx.target.fingerprint)
-        sources.append(SuffixArraySource(store, top_c=ctx.opt("top_c")) if kind == "suffix-array"
+        kind, store = ctx.store(folder)
+        sources.append(SuffixArraySource(store, top_c=ctx.opt("top_c")) if kind == SUFFIX_ARRAY
                        else TrigramSource(store))
     names = [s.name for s in sources]
     for name in set(names):  # two stores of one kind: tell their statistics apart

@@ -140,7 +140,7 @@ class RestDrafter(Drafter):
 
 
 def build(ctx) -> Drafter:
-    store = SuffixArrayDatastore.load(ctx.datastore, fingerprint=ctx.target.fingerprint, verify=bool(ctx.opt("verify")))
+    _, store = ctx.store(ctx.datastore)
     # REST samples up to 5,000 matches (the --budget paper default); with the budget choosing a few nodes, 1,000
     # give the same top counts at a fifth of the cost (docs/rest.md)
     memory = OutputMemory(sizes=(4, 8, 12)) if ctx.opt("memory") else None  # matches of 4+ tokens, as before

@@ -32,14 +32,6 @@ def _shard_tokens(width: int, shard_bytes: int) -> int:
     return max_tokens
 
 
-def shard_bytes_array(docs: list[list[int]], width: int) -> np.ndarray:
-    """Concatenate documents with a separator after each, as a writable 1-D uint8 array (divsufsort's input)."""
-    buf = ByteBuffer(width)
-    for doc in docs:
-        buf.add(doc)
-    return buf.array()
-
-
 class ByteBuffer:
     """A shard's token bytes, grown in place: each document is encoded and appended (with its separator) as it
     arrives, so a shard costs ``width`` bytes per token while it fills, not a Python list per document."""
@@ -111,8 +103,8 @@ def _progress(iterable, desc: str, unit: str, enabled: bool, total=None):
 
 def build_suffix_array_datastore(docs: Iterable, out: str | Path, *, fingerprint: str, vocab_size: int,
                                  progress: bool = True, meta: dict | None = None, shard_bytes: int = MAX_SHARD_BYTES,
-                                 token_bar: bool = True) -> dict:
-    """Write a datastore for token documents ``docs`` to ``out``; returns the manifest.
+                                 token_bar: bool = True) -> fmt.BuildSummary:
+    """Write a datastore for token documents ``docs`` to ``out``; returns its summary (``details``: suffixes).
 
     ``meta`` (corpus, model, ...) is recorded in the manifest for humans; only the fingerprint is checked.
     """
@@ -155,7 +147,7 @@ def build_suffix_array_datastore(docs: Iterable, out: str | Path, *, fingerprint
         }
         fmt.write_manifest(tmp, manifest)
         fmt.move_into_place(tmp, out)
-        return manifest
+        return fmt.BuildSummary.of(out, manifest, suffixes=manifest["num_suffixes"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

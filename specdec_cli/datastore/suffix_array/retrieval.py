@@ -88,6 +88,10 @@ class SuffixArrayDatastore:
         store.retrieve([0], 1, 1, 1)  # compiled code loaded (or compiled) now, not in the first decoding step
         return store
 
+    def view(self) -> "SuffixArrayDatastore":
+        """The store a drafter drafts from: this one (it holds no per-drafter state)."""
+        return self
+
     @property
     def num_tokens(self) -> int:
         return int(self.manifest.get("num_tokens", sum(s.sa.size for s in self.shards)))

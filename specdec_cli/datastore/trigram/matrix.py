@@ -3,7 +3,6 @@ adapted rows (Algorithm 2); the store's format and builder are in ``trigram.py``
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Iterable
 
@@ -29,7 +28,6 @@ class TrigramMatrix:
         self.meta = dict(meta or {})
         self.overlay: dict[int, dict[int, float]] = {}
         self._cache: dict[int, Row] = {}
-        self._cumulative: dict[int, Row] = {}
         self._overlay_keys: np.ndarray | None = None
 
     @classmethod
@@ -46,6 +44,16 @@ class TrigramMatrix:
         check_structure(folder, arrays, int(manifest["vocab_size"]))
         return cls(**arrays, vocab_size=manifest["vocab_size"], fingerprint=got, top_k=manifest.get("top_k", 12),
                    meta=manifest)
+
+    def view(self) -> "TrigramMatrix":
+        """A matrix over the same (read-only, memory-mapped) base with its own overlay and caches: every drafter
+        of a run adapts its own rows from one opened store."""
+        return TrigramMatrix(self.keys, self.offsets, self.next_ids, self.counts, vocab_size=self.vocab_size,
+                             fingerprint=self.fingerprint, top_k=self.top_k, meta=self.meta)
+
+    @property
+    def manifest(self) -> dict:
+        return self.meta
 
     @classmethod
     def from_token_docs(cls, token_docs: Iterable[list[int]], vocab_size: int, top_k: int = 12) -> "TrigramMatrix":
@@ -136,19 +144,8 @@ class TrigramMatrix:
             self._cache[key] = hit
         return hit
 
-    def cumulative(self, a: int, b: int) -> tuple[list[int], list[float]]:
-        """Next tokens after ``(a, b)`` and their cumulative probabilities (for sampling by bisection)."""
-        key = self.key(a, b)
-        hit = self._cumulative.get(key)
-        if hit is None:
-            ids, ps = self.probs(a, b)
-            hit = (ids, list(itertools.accumulate(ps)))
-            self._cumulative[key] = hit
-        return hit
-
     def clear_cache(self) -> None:
         self._cache.clear()
-        self._cumulative.clear()
 
     def prob(self, a: int, b: int, c: int) -> float:
         ids, ps = self.probs(a, b)
@@ -188,7 +185,6 @@ class TrigramMatrix:
             weakest = min(row.items(), key=lambda kv: (kv[1], kv[0] == c, -kv[0]))
             del row[weakest[0]]
         self._cache.pop(key, None)
-        self._cumulative.pop(key, None)
 
     # -- checkpoints (bench --resume) --------------------------------------------------------------------------
 

@@ -39,12 +39,12 @@ Row = tuple[list[int], list[float]]  # next token ids and their weights, heavies
 
 
 def build_trigram_datastore(token_docs: Iterable, out_dir, *, fingerprint: str, vocab_size: int,
-                            progress: bool = True, meta: dict | None = None, top_k: int = 12) -> dict:
+                            progress: bool = True, meta: dict | None = None, top_k: int = 12
+                            ) -> fmt.BuildSummary:
     """Count the tri-grams of tokenized documents, keep the ``top_k`` next tokens per context, write a store.
 
-    Tri-grams never span two documents. ``meta`` (corpus, model, ...) is recorded in the manifest. Returns
-    statistics: documents, tokens, contexts, entries, bytes (plus ``kind`` / ``num_tokens`` / ``num_documents``,
-    the names the suffix-array builder's manifest uses, for ``build-datastore``'s summary).
+    Tri-grams never span two documents. ``meta`` (corpus, model, ...) is recorded in the manifest. Returns its
+    summary (``details``: contexts, entries, distinct tri-grams, top_k).
     """
     check_vocab(vocab_size)
     if top_k < 1:
@@ -54,9 +54,9 @@ def build_trigram_datastore(token_docs: Iterable, out_dir, *, fingerprint: str, 
     arrays = {"keys": keys, "offsets": offsets, "next_ids": next_ids, "counts": row_counts}
     extra = {"top_k": top_k, "num_documents": docs, "num_tokens": tokens, "distinct_trigrams": int(keys3.size)}
     write_store(out_dir, arrays, fingerprint=fingerprint, vocab_size=vocab_size, extra={**(meta or {}), **extra})
-    stats = {**extra, "documents": docs, "tokens": tokens, "contexts": int(keys.size), "entries": int(next_ids.size),
-             "bytes": store_bytes(out_dir)}
-    return {**stats, "kind": KIND}
+    return fmt.BuildSummary(KIND, int(tokens), int(docs), 0, store_bytes(out_dir),
+                            {"contexts": int(keys.size), "entries": int(next_ids.size),
+                             "distinct_trigrams": int(keys3.size), "top_k": top_k})
 
 
 def check_vocab(vocab_size: int) -> None:
