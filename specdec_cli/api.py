@@ -37,14 +37,18 @@ def note(message: str) -> None:
 
 def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "auto", device: str = "auto",
          kernel_mode: str = "auto") -> tuple[LoadedModel, list[LoadedModel]]:
-    """The target and its drafts. ``kernel_mode="auto"`` swaps the target's float32 CPU linear layers for
-    :mod:`specdec_cli.runtime.kernels`' measured ones (after the drafts are copied from it); ``"torch"`` keeps PyTorch's."""
+    """The target and its drafts. ``kernel_mode="auto"`` swaps the float32 CPU linear layers of the target and of
+    drafts that are models of their own for :mod:`specdec_cli.runtime.kernels`' measured ones (after the
+    ``int8:``/``bf16:`` copies are made from the target); ``"torch"`` keeps PyTorch's."""
     if kernel_mode not in ("auto", "torch"):
         raise SpecdecError(f"--kernels must be auto or torch, got {kernel_mode!r}")
     target = load_model(model, dtype, device)
     loaded = [load_draft(d, target, dtype, device) for d in drafts]
     if kernel_mode == "auto":
         target.info["kernels"] = kernels.install(target.model, progress=note)
+        for draft in loaded:  # a draft model of its own (not a copy of the target) is a float model like it
+            if not draft.info.get("copy_of_target"):
+                draft.info["kernels"] = kernels.install(draft.model, progress=note)
     return target, loaded
 
 

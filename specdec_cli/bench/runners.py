@@ -11,6 +11,7 @@ import torch
 from .. import api
 from ..errors import SpecdecError
 from ..methods import check_options
+from ..io.models import same_vocab
 from ..io.prompts import Prompt, load_prompts
 from ..runtime.machine import set_threads
 from .config import HF_BASELINES, HF_PLD_TOKENS, WARMUP_TOKENS, BenchConfig, Generation, Runner, method_list
@@ -98,6 +99,8 @@ def hf_kwargs(method: str, target, drafts, cfg: BenchConfig) -> dict:
         if not drafts:
             raise SpecdecError("method hf-assisted needs a draft model (--draft)")
         kwargs["assistant_model"] = drafts[0].model
+        if not same_vocab(target, drafts[0]):  # Universal Assisted Generation: transformers re-tokenizes the text
+            kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=drafts[0].tokenizer)
     elif method == "hf-pld":
         kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
     elif method == "hf-static":  # transformers' static cache; its generate compiles the forward on CUDA itself

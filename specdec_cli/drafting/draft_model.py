@@ -20,12 +20,17 @@ from ..runtime import kvcache
 from ..engine.sampling import SamplingConfig, entropy, logits_to_probs, sample
 from ..engine.trees import Draft
 
+GREEDY = SamplingConfig()
+
 
 class DraftModel:
-    def __init__(self, loaded, vocab_size: int, profiled: bool = False):
-        """``profiled``: measure (or load) the forward-time profile now, not inside the first timed step."""
+    def __init__(self, loaded, vocab_size: int, profiled: bool = False, bridge=None):
+        """``profiled``: measure (or load) the forward-time profile now, not inside the first timed step.
+        ``bridge``: a :class:`~specdec_cli.drafting.token_bridge.TokenBridge` when the draft's tokenizer is not the
+        one it drafts for (:func:`draft_model_for`); its logits then keep its own width."""
         self.loaded = loaded
         self.model = loaded.model
+        self.bridge = bridge
         self.vocab_size = vocab_size  # the target's logit width; draft logits are cut/padded to it
         self._profile = None
         self.target_cache = None
@@ -100,6 +105,8 @@ class DraftModel:
         per generation, with the target's prefill, instead of inside the first drafting step. With ``now=False``
         (the budget will not draft soon) nothing is fed: a later draft catches up if it ever comes."""
         self.reset()
+        if self.bridge is not None:
+            prompt = self.bridge.draft_context(prompt) if now else prompt
         if now and len(prompt) > 1 and self.target_cache is None:
             engine.forward_chain(self.model, self.cache, prompt[:-1], keep=0)
             self.seen = list(prompt[:-1])
@@ -155,9 +162,45 @@ class Chain:
         return Draft.chain(self.tokens, q, self.confidences, self.cost_s) if self.tokens else Draft()
 
 
+def draft_model_for(loaded, reference, profiled: bool = False) -> DraftModel:
+    """A :class:`DraftModel` that drafts for ``reference`` (the target; for hsddw's fast draft, the stronger one):
+    token ids as they are when both share a tokenizer, else carried across by a
+    :class:`~specdec_cli.drafting.token_bridge.TokenBridge`."""
+    from ..io.models import same_vocab
+
+    if same_vocab(reference, loaded):
+        return DraftModel(loaded, reference.vocab_size, profiled)
+    from .token_bridge import TokenBridge, byte_vocab
+
+    bridge = TokenBridge(byte_vocab(reference.tokenizer), byte_vocab(loaded.tokenizer))
+    return DraftModel(loaded, loaded.vocab_size, profiled, bridge)
+
+
 def draft_chain(dm: DraftModel, tokens: list[int], k: int, cfg: SamplingConfig, generator, budget=None, *,
                 tau: float = math.inf, entropies: bool = False) -> Chain:
-    """Draft at most ``k`` tokens after ``tokens`` with the draft model.
+    """Draft at most ``k`` tokens after ``tokens`` with the draft model; a draft of another tokenizer drafts
+    greedily in its own tokens (:func:`bridged_chain`)."""
+    if dm.bridge is not None:
+        return bridged_chain(dm, tokens, k, budget, tau=tau, entropies=entropies)
+    return own_chain(dm, tokens, k, cfg, generator, budget, tau=tau, entropies=entropies)
+
+
+def bridged_chain(dm: DraftModel, tokens: list[int], k: int, budget=None, *, tau: float = math.inf,
+                  entropies: bool = False) -> Chain:
+    """A draft of another tokenizer: its greedy chain after the target's text, as target token ids. The chain is a
+    fixed candidate (no ``q_draft``), verified by the exact tree walk: lossless greedy and sampled alike."""
+    context = dm.bridge.draft_context(tokens)
+    if k <= 0 or not context:
+        return Chain()
+    own = own_chain(dm, context, k + 1, GREEDY, None, budget, tau=tau, entropies=entropies)
+    ids = dm.bridge.to_target(own.tokens)[:k]
+    n = len(ids)
+    return Chain(ids, [], own.confidences[:n], own.entropies[:n], own.cost_s)
+
+
+def own_chain(dm: DraftModel, tokens: list[int], k: int, cfg: SamplingConfig, generator, budget=None, *,
+              tau: float = math.inf, entropies: bool = False) -> Chain:
+    """Draft at most ``k`` tokens after ``tokens`` (the draft's own token ids) with the draft model.
 
     Stops after the first token whose entropy exceeds ``tau`` (the token itself is still sent, as in HSDDW), or
     when ``budget.extend`` says the next draft-model forward would not pay for itself. The draft model is not fed

@@ -81,6 +81,17 @@ class ByteVocab:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+_VOCABS: dict[int, tuple[object, ByteVocab]] = {}
+
+
+def byte_vocab(tokenizer) -> ByteVocab:
+    """The :class:`ByteVocab` of ``tokenizer``, built once per tokenizer object (a 262k vocabulary takes ~1 s)."""
+    entry = _VOCABS.get(id(tokenizer))
+    if entry is None or entry[0] is not tokenizer:
+        entry = _VOCABS[id(tokenizer)] = (tokenizer, ByteVocab(tokenizer))
+    return entry[1]
+
+
 def whole_chars(data: bytes) -> int:
     """Length of the longest prefix of ``data`` that is whole UTF-8 characters."""
     end = len(data)
@@ -103,6 +114,7 @@ class TokenBridge:
 
     def reset(self) -> None:
         self.target_ids: list[int] = []
+        self.target_ends: list[int] = []  # byte offset after each target token
         self.text = b""  # the target's sequence as bytes
         self.draft_ids: list[int] = []  # the draft's tokens for text[:settled]
         self.ends: list[int] = []  # byte offset after each draft token
@@ -110,13 +122,14 @@ class TokenBridge:
 
     def draft_context(self, target_ids: list[int]) -> list[int]:
         """The draft's token ids for ``target_ids``'s text (whole characters only)."""
-        n = len(self.target_ids)
-        if target_ids[:n] != self.target_ids:
-            self.reset()
-            n = 0
-        if n == len(target_ids) and self.draft_ids:
+        n = self.common_prefix(target_ids)
+        if n == len(target_ids) == len(self.target_ids) and self.draft_ids:
             return self.draft_ids
-        self.text += self.target.text(target_ids[n:])
+        if n < len(self.target_ids):  # a path the target did not take (auto grows chains from tree nodes)
+            self.roll_back(n)
+        for i in target_ids[n:]:
+            self.text += self.target.text([i])
+            self.target_ends.append(len(self.text))
         self.target_ids = list(target_ids)
         keep = max(0, len(self.draft_ids) - SETTLE_TOKENS)
         while keep and 0x80 <= self.text[self.ends[keep - 1]] < 0xC0:  # never cut inside a character
@@ -134,6 +147,25 @@ class TokenBridge:
             self.ends[-1] = end  # a tokenizer whose pieces do not add up to the text (normalisation) still settles
         self.settled = end
         return self.draft_ids
+
+    def common_prefix(self, target_ids: list[int]) -> int:
+        old, n = self.target_ids, min(len(self.target_ids), len(target_ids))
+        if old[:n] == target_ids[:n]:
+            return n
+        i = 0
+        while old[i] == target_ids[i]:
+            i += 1
+        return i
+
+    def roll_back(self, n: int) -> None:
+        """Forget the target tokens after the first ``n`` and the draft tokens that reach past their text."""
+        size = self.target_ends[n - 1] if n else 0
+        self.target_ids, self.target_ends, self.text = self.target_ids[:n], self.target_ends[:n], self.text[:size]
+        keep = len(self.ends)
+        while keep and self.ends[keep - 1] > size:
+            keep -= 1
+        self.draft_ids, self.ends = self.draft_ids[:keep], self.ends[:keep]
+        self.settled = self.ends[-1] if self.ends else 0
 
     def to_target(self, continuation: list[int], final: bool = False) -> list[int]:
         """Target token ids for the draft's ``continuation`` (draft ids after :meth:`draft_context`'s), up to the

@@ -231,7 +231,8 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_draft(spec: str, target: LoadedModel, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    """Load a draft model and check that it shares the target's vocabulary."""
+    """Load a draft model: ``int8:`` / ``bf16:`` copies of the target (or of another model), or any causal LM --
+    one of another tokenizer drafts through :mod:`specdec_cli.drafting.token_bridge`."""
     kind, _, rest = spec.partition(":") if spec.split(":")[0] in ("int8", "bf16") else ("", "", spec)
     if kind:
         base = target if rest in ("", "target") else load_model(rest, dtype, device)
@@ -248,15 +249,10 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = "auto", device: str 
                             {**base.info, "dtype": kind, "copy_of_target": base is target})
     else:
         draft = load_model(spec, dtype, device)
-    check_same_vocab(target, draft)
     return draft
 
 
-def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
-    if draft.tokenizer is target.tokenizer:
-        return
-    if draft.fingerprint != target.fingerprint:
-        raise SpecdecError(
-            f"draft {draft.name!r} does not share the target's vocabulary "
-            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens, fingerprints {draft.fingerprint[:8]} vs "
-            f"{target.fingerprint[:8]}); speculative decoding needs identical token ids")
+def same_vocab(target: LoadedModel, draft: LoadedModel) -> bool:
+    """Whether ``draft`` uses the target's token ids (same tokenizer); drafts of another tokenizer are carried
+    across by :mod:`specdec_cli.drafting.token_bridge`."""
+    return draft.tokenizer is target.tokenizer or draft.fingerprint == target.fingerprint

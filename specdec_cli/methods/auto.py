@@ -22,7 +22,7 @@ import numpy as np
 from ..datastore import SUFFIX_ARRAY
 from ..engine import trees
 from ..engine.loop import Draft, Drafter, Outcome
-from ..drafting.draft_model import DraftModel, confidence
+from ..drafting.draft_model import DraftModel, confidence, draft_model_for
 from ..drafting.gate import Gate
 from ..drafting.output_memory import OutputMemory
 from ..drafting.sources import ContextSource, MemorySource, Source, SuffixArraySource, TrigramSource, rows_to_draft
@@ -160,7 +160,7 @@ class AutoDrafter(Drafter):
     def grow_model_chain(self, tokens: list[int], cond, length: int):
         """The first draft model's greedy chain, from the end of the tree's confident path (the root when the tree
         is not confident), for as long as the budget says one more draft-model forward pays."""
-        dm, union, budget = self.models[0], self.union, self.budget
+        dm, union = self.models[0], self.union
         node, path_prob = -1, 1.0
         while True:
             kids = [i for i, p in enumerate(union.parents) if p == node]
@@ -171,23 +171,38 @@ class AutoDrafter(Drafter):
         depth = union.depths[node] if node >= 0 else 0
         room = min(self.window, length - depth)
         t0 = time.perf_counter()
-        logits = dm.logits_after(tokens + union.path(node))
+        chain, scores, cost = self.model_chain(dm, tokens + union.path(node), room, depth, path_prob)
+        union.add(Draft.chain(chain, scores=scores), MODEL, 0, under=node)
+        self.step_cost[MODEL] = time.perf_counter() - t0 if self.cfg.greedy else cost
+        return self.calibration.combined(union)  # nodes the chain merged into gained the model's estimate
+
+    def model_chain(self, dm, prefix: list[int], room: int, depth: int, path_prob: float):
+        """The draft model's greedy chain after ``prefix`` (target ids), at most ``room`` tokens, while the budget
+        says one more draft-model forward pays; a draft of another tokenizer drafts in its own tokens, translated
+        (one token more, since the last translated one may still change). Returns (chain, scores, cost)."""
+        bridge = dm.bridge
+        own = bridge.draft_context(prefix) if bridge is not None else prefix
+        if not own:
+            return [], [], 0.0
+        limit = room + 1 if bridge is not None else room
+        logits = dm.logits_after(own)
         cost = dm.profile(dm.fed)
         chain, scores = [], []
         cal = self.calibration.calibrator(MODEL, 0)
-        while len(chain) < room:
+        while len(chain) < limit:
             x, conf = int(logits.argmax()), confidence(logits)
             chain.append(x)
             scores.append(conf)
             c = float(cal.estimate([depth + len(chain)], [conf])[0])
             path_prob *= c
-            if len(chain) >= room or not budget.extend(path_prob, c, depth + len(chain), dm.profile(1)):
+            if len(chain) >= limit or not self.budget.extend(path_prob, c, depth + len(chain), dm.profile(1)):
                 break
             cost += dm.profile(1)
             logits = dm.step(x)
-        union.add(Draft.chain(chain, scores=scores), MODEL, 0, under=node)
-        self.step_cost[MODEL] = time.perf_counter() - t0 if self.cfg.greedy else cost
-        return self.calibration.combined(union)  # nodes the chain merged into gained the model's estimate
+        if bridge is not None:
+            chain = bridge.to_target(chain)[:room]
+            scores = scores[: len(chain)]
+        return chain, scores, cost
 
     # -- learning -------------------------------------------------------------------------------------------------
 
@@ -269,7 +284,7 @@ def build(ctx) -> Drafter:
             for k, s in enumerate(x for x in sources if x.name == name):
                 s.name = f"{name}{k + 1}"
     rows_to_draft(np.array([[1, 2, -1]]), 2)  # compiled code loaded (or compiled) now, not in the first step
-    models = [DraftModel(d, ctx.target.vocab_size, ctx.budget == "auto") for d in ctx.drafts[:1]]
+    models = [draft_model_for(d, ctx.target, ctx.budget == "auto") for d in ctx.drafts[:1]]
     return AutoDrafter(sources, models, max_nodes=ctx.opt("max_nodes"), cont_len=ctx.opt("cont_len"),
                        window=ctx.window or ctx.opt("model_window"), memory=memory,
                        memory_dir=memory_dir if memory is not None else None, fingerprint=ctx.target.fingerprint)

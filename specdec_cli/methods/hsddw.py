@@ -29,11 +29,12 @@ import math
 import torch
 
 from ..engine.loop import Draft, Drafter, Outcome
-from ..drafting.draft_model import DraftModel, confidence, confidence_entropy, draft_chain
+from ..drafting.draft_model import GREEDY, DraftModel, confidence, confidence_entropy, draft_chain, draft_model_for
 from ..drafting.entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
 from ..engine.metrics import ratio
 from ..engine.sampling import logits_to_probs
-from ..engine.verify import verify_rejection
+from ..engine.trees import chain_parents
+from ..engine.verify import verify_rejection, verify_tree
 
 
 class Hsddw(Drafter):
@@ -71,7 +72,10 @@ class Hsddw(Drafter):
         xs = chain.tokens
         logits2 = self.m2.logits_rows(prefix + xs, len(xs) + 1)
         q1 = torch.stack(chain.q_rows) if chain.q_rows else None
-        path, y = verify_rejection(logits2, xs, q1, self.cfg, self.generator)
+        if q1 is None:  # a fixed chain (greedy, or M1 of another tokenizer): M2's exact walk along it
+            path, y = verify_tree(logits2, xs, chain_parents(len(xs)), self.cfg, self.generator)
+        else:
+            path, y = verify_rejection(logits2, xs, q1, self.cfg, self.generator)
         n = len(path)
         self.m1_drafted += len(xs)
         self.m1_accepted += n
@@ -87,6 +91,25 @@ class Hsddw(Drafter):
         return emitted, q2, conf, h2
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
+        bridge = self.m2.bridge  # M2 of another tokenizer than the target's: the rounds run in M2's tokens
+        if bridge is None:
+            return self.rounds(tokens, max_tokens)
+        own = self.rounds(bridge.draft_context(tokens), max_tokens + 1, fixed=True)
+        ids = bridge.to_target(own.tokens)[:max_tokens]
+        return Draft.chain(ids, None, own.scores[: len(ids)]) if ids else Draft()
+
+    def rounds(self, tokens: list[int], max_tokens: int, fixed: bool = False) -> Draft:
+        """Pre-verify rounds after ``tokens`` (M2's token ids); ``fixed``: a chain for another tokenizer, drawn
+        greedily (the target verifies it by the exact tree walk)."""
+        cfg = self.cfg
+        if fixed:
+            self.cfg = GREEDY
+        try:
+            return self._rounds(tokens, max_tokens)
+        finally:
+            self.cfg = cfg
+
+    def _rounds(self, tokens: list[int], max_tokens: int) -> Draft:
         cap = min(self.max_draft, max_tokens)
         chain: list[int] = []
         rows: list[torch.Tensor] = []
@@ -146,10 +169,10 @@ class Hsddw(Drafter):
 
 
 def build(ctx) -> Drafter:
-    vocab = ctx.target.vocab_size
     window = ctx.window or DEFAULT_WINDOW
     tau0 = ctx.opt("tau0")
     tau1, tau2, cap = ctx.opt("tau1_0"), ctx.opt("tau2_0"), ctx.opt("max_draft")
     profiled = ctx.budget == "auto"
-    return Hsddw(DraftModel(ctx.drafts[0], vocab, profiled), DraftModel(ctx.drafts[1], vocab, profiled), window,
+    m1 = draft_model_for(ctx.drafts[0], ctx.drafts[1], profiled)  # M1 drafts for M2, M2 for the target
+    return Hsddw(m1, draft_model_for(ctx.drafts[1], ctx.target, profiled), window,
                  cap or 2 * window, tau0 if tau1 is None else tau1, tau0 if tau2 is None else tau2)

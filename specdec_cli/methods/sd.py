@@ -9,7 +9,7 @@ draft-model forward is not worth its expected gain on this machine (cap ``--wind
 from __future__ import annotations
 
 from ..engine.loop import Draft, Drafter
-from ..drafting.draft_model import DraftModel, draft_chain
+from ..drafting.draft_model import DraftModel, draft_chain, draft_model_for
 
 PAPER_WINDOW = 5
 AUTO_WINDOW = 16
@@ -19,7 +19,8 @@ class SpeculativeSampling(Drafter):
     name = "sd"
 
     def __init__(self, draft, vocab_size: int, window: int = PAPER_WINDOW, profiled: bool = False):
-        self.dm = DraftModel(draft, vocab_size, profiled)
+        """``draft``: a :class:`DraftModel`, or a loaded model of the target's tokenizer."""
+        self.dm = draft if isinstance(draft, DraftModel) else DraftModel(draft, vocab_size, profiled)
         self.window = window
 
     def start(self, prompt, cfg, generator) -> None:
@@ -36,4 +37,5 @@ class SpeculativeSampling(Drafter):
 
 def build(ctx) -> Drafter:
     default = PAPER_WINDOW if ctx.budget == "paper" else AUTO_WINDOW
-    return SpeculativeSampling(ctx.drafts[0], ctx.target.vocab_size, ctx.window or default, ctx.budget == "auto")
+    dm = draft_model_for(ctx.drafts[0], ctx.target, ctx.budget == "auto")
+    return SpeculativeSampling(dm, ctx.target.vocab_size, ctx.window or default)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from ..engine.loop import Draft, Drafter, Outcome
-from ..drafting.draft_model import DraftModel, draft_chain
+from ..drafting.draft_model import DraftModel, draft_chain, draft_model_for
 from ..drafting.entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau, rejected_index, window_summary
 
 
@@ -64,5 +64,5 @@ class SelfVerify(Drafter):
 
 
 def build(ctx) -> Drafter:
-    dm = DraftModel(ctx.drafts[0], ctx.target.vocab_size, profiled=ctx.budget == "auto")
+    dm = draft_model_for(ctx.drafts[0], ctx.target, profiled=ctx.budget == "auto")
     return SelfVerify(dm, ctx.window or DEFAULT_WINDOW, ctx.opt("tau0"))
