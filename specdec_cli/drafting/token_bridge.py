@@ -92,6 +92,10 @@ def byte_vocab(tokenizer) -> ByteVocab:
     return entry[1]
 
 
+def _whole(data: bytes) -> str:
+    return data[: whole_chars(data)].decode("utf-8", errors="replace")
+
+
 def whole_chars(data: bytes) -> int:
     """Length of the longest prefix of ``data`` that is whole UTF-8 characters."""
     end = len(data)
@@ -177,14 +181,10 @@ class TokenBridge:
             return []
         new = new[len(pending):]
         last = self.target_ids[-1] if self.target_ids else None
-        anchor = self.target.bytes[last] if last is not None else b""
-        if not anchor or pending:
-            anchor = b""
-        joined = anchor + new
-        end = whole_chars(joined)
-        ids = self.target.encode(joined[:end].decode("utf-8", errors="replace"))
-        if anchor:
-            if ids[:1] != [last]:  # the draft's text merges into the target's last token: nothing to propose
-                return []
+        anchor = self.target.bytes[last] if last is not None and not pending else b""
+        ids = self.target.encode(_whole(anchor + new)) if anchor else []
+        if ids[:1] == [last]:  # the target's tokenizer keeps its last token: the rest follows it
             ids = ids[1:]
+        else:  # no anchor, or the text merges into the target's last token, which is already emitted
+            ids = self.target.encode(_whole(new))
         return ids if final else ids[:-1]  # the last token may still grow with the text that follows

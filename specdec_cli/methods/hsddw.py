@@ -49,7 +49,8 @@ class Hsddw(Drafter):
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
-        self.m1.prefill(prompt, now=self.budget.drafting)
+        m2_prompt = self.m2.bridge.draft_context(prompt) if self.m2.bridge is not None else prompt  # M1 drafts for M2
+        self.m1.prefill(m2_prompt, now=self.budget.drafting)
         self.m2.prefill(prompt, now=self.budget.drafting)
         self.tau1 = EntropyThreshold(self.tau1_0)
         self.tau2 = EntropyThreshold(self.tau2_0)
