@@ -24,8 +24,8 @@ WINDOW_HELP = ("draft window K (default: the method's -- sd 16, or 5 with --budg
                "auto's draft model 8)")
 
 MODEL = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP)
-DRAFTS = typer.Option(None, "--draft", "-d", help="draft model (repeat for hsddw: the fast draft first, then the "
-                      "stronger one); int8: and bf16: are cheaper copies of the target")
+DRAFTS = typer.Option(None, "--draft", "-d", help="draft model, any tokenizer (repeat for hsddw: the fast draft "
+                      "first, then the stronger one); int8: and bf16: are cheaper copies of the target")
 WINDOW = typer.Option(None, "--window", "-k", help=WINDOW_HELP)
 OPT = typer.Option(None, "--opt", help="method option key=value (repeatable; `specdec methods` lists them)")
 MEMORY = typer.Option(None, "--memory", help="auto: keep its memory of outputs in this folder across runs "
