@@ -14,6 +14,7 @@ import sys
 
 from .runtime import profile as hardware
 from .runtime import kernels
+from .runtime.cache_mode import CacheMode, resolve
 from .engine.budget import Budget, parse_budget
 from .engine.loop import Drafter, GenerationResult, generate
 from .errors import SpecdecError
@@ -75,11 +76,13 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
 def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), *,
                  datastore: str | list[str] | None = None,
                  window: int | None = None, options: dict[str, str] | None = None, budget: str | int = "auto",
-                 check: bool = True, compile: str = "auto") -> Drafter:
+                 check: bool = True, compile: str | CacheMode = "auto") -> Drafter:
     """A drafter for ``method`` with its :class:`~specdec_cli.engine.budget.Budget` (``auto``: priced with this machine's
     measured forward times of ``target``, measured once and cached). ``datastore``: a folder, or for ``auto`` a list
     of folders of any kinds. ``check=False``: the caller has checked
-    ``options`` against several methods that share them (bench)."""
+    ``options`` against several methods that share them (bench). ``compile``: ``--compile`` (auto, on, off, static)
+    or a resolved :class:`~specdec_cli.runtime.cache_mode.CacheMode`, resolved here once: the drafter keeps it
+    (``drafter.cache_mode``) and :func:`run` generates on that path."""
     mode = parse_budget(budget)
     stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
     if method != "auto" and len(stores) > 1:
@@ -91,24 +94,26 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     drafter = build_drafter(method, ctx)
     if method == "ar":  # nothing to select or gate
         mode = "paper"
-    from .runtime.static_cache import resolve  # the budget prices drafts with the forward times of the path that runs them
-
-    fast = resolve(compile, target.model)
-    profile = hardware.profile_for(target.model, progress=note, fast=fast) if mode == "auto" else None
+    cache_mode = resolve(compile, target.model)  # the budget prices drafts with the forward times of this path
+    profile = hardware.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode == "auto" else None
     drafter.budget = Budget(mode, profile, gate=drafter.gated_by_budget)
+    drafter.cache_mode = cache_mode
     return drafter
 
 
 def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, *, max_new_tokens: int = 128,
         sampling: SamplingConfig = SamplingConfig(), seed: int = 0, on_tokens=None,
-        compile: str = "auto") -> GenerationResult:
-    """``compile``: ``--compile`` (auto, on, off, static; :func:`specdec_cli.runtime.static_cache.resolve`)."""
+        compile: str | CacheMode | None = None) -> GenerationResult:
+    """``compile``: None (default) runs on the path the drafter was made for (:func:`make_drafter`'s ``compile``;
+    ``auto`` for a drafter made elsewhere); a value (auto, on, off, static, or a
+    :class:`~specdec_cli.runtime.cache_mode.CacheMode`) overrides it
+    (:func:`specdec_cli.runtime.cache_mode.resolve`)."""
     if max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    from .runtime.static_cache import resolve
-
+    chosen = drafter.cache_mode if compile is None else compile
+    cache_mode = resolve("auto" if chosen is None else chosen, target.model)
     return generate(target.model, prompt_ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling.validate(),
-                    seed=seed, stop_ids=target.stop_ids, on_tokens=on_tokens, fast=resolve(compile, target.model))
+                    seed=seed, stop_ids=target.stop_ids, on_tokens=on_tokens, cache_mode=cache_mode)
 
 
 def decode(target: LoadedModel, tokens: list[int]) -> str:

@@ -44,8 +44,8 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     sampling = api.SamplingConfig(temperature=cfg.temperature)
 
     def run(ids: list[int], max_new_tokens: int) -> Generation:
-        result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling, seed=cfg.seed,
-                         compile=cfg.compile)
+        result = api.run(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=sampling,
+                         seed=cfg.seed)  # on the path make_drafter resolved cfg.compile to
         steps = result.steps
         return Generation(method, "", 0, list(result.tokens), result.total_s, forwards=len(steps),
                           emitted=sum(s.new_tokens for s in steps), drafted=sum(s.drafted for s in steps),
