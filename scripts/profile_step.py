@@ -8,7 +8,7 @@ times the forward (median of ``--reps``) and attributes its CPU time with ``torc
 other linear layers, the KV-cache append (``aten::cat`` in transformers' ``DynamicCache``; absent with ours),
 attention, Python time between the ops (transformers' module calls), and the other ops (norms, activations,
 rotary embeddings). It also times the prefill of the context: with all logits (what the engine did
-before) and with none (what it does now). ``--cache dynamic`` uses transformers' ``DynamicCache`` instead of
+before) and with none (what it does now). ``--cache dynamic`` uses transformers' ``DynamicLayer`` (``DynamicCache``'s) instead of
 :mod:`specdec_cli.runtime.kvcache`. Output: a Markdown table, or JSON with ``--json``.
 """
 
@@ -56,10 +56,11 @@ def main() -> None:
 
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
-    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
     torch.set_num_threads(args.threads)
     from specdec_cli.runtime import forward as engine
+    from specdec_cli.runtime.kvcache import GrowingCache
     from specdec_cli.runtime import kernels
     from specdec_cli.io.models import load_model
 
@@ -73,7 +74,9 @@ def main() -> None:
     ctx = torch.randint(0, vocab, (args.context + 80,), generator=gen).tolist()
 
     def new_cache():
-        return DynamicCache() if args.cache == "dynamic" else engine.new_cache(model, args.context + 80)
+        if args.cache == "dynamic":  # transformers' DynamicLayer (a DynamicCache's), behind the engine's interface
+            return GrowingCache(layer_class_to_replicate=DynamicLayer)
+        return engine.new_cache(model, args.context + 80)
 
     rows = []
     # prefill: all logits (the old engine) vs none (now)

@@ -20,6 +20,7 @@ from .runtime import profile as hardware
 from .runtime import kernels
 from .config import RunSettings, SamplingConfig
 from .engine.budget import Budget
+from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
 from .errors import SpecdecError
 from .methods import METHODS, MethodContext, build_drafter, check_options
@@ -83,13 +84,16 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
 
 def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
                  *, datastore: str | list[str] | None = None, options: dict[str, str] | None = None,
-                 check: bool = True, compile: str = "auto", opened: dict | None = None, **values) -> Drafter:
+                 check: bool = True, compile: str | CacheMode = "auto", opened: dict | None = None,
+                 **values) -> Drafter:
     """A drafter for ``method`` with its :class:`~specdec_cli.engine.budget.Budget` (``settings.budget``;
     ``auto``: priced with this machine's measured forward times of ``target``, measured once and cached).
     ``settings``: the run's checked values, else made from ``values`` (``window=``, ``budget=``, ...).
     ``datastore``: a folder, or for ``auto`` a list of folders of any kinds. ``check=False``: the caller has checked
     ``options`` against several methods that share them (bench). ``opened``: the stores the pre-check opened
-    (:func:`specdec_cli.methods.precheck_datastore`), used instead of opening them again."""
+    (:func:`specdec_cli.methods.precheck_datastore`), used instead of opening them again. ``compile``: ``--compile``
+    (auto, on, off, static) or a resolved :class:`~specdec_cli.runtime.cache_mode.CacheMode`, resolved here once:
+    the drafter keeps it (``drafter.cache_mode``) and :func:`run` generates on that path."""
     settings = settings or RunSettings(**values)
     mode = settings.budget
     stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
@@ -103,25 +107,25 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     drafter = build_drafter(method, ctx)
     if method == "ar":  # nothing to select or gate
         mode = "paper"
-    from .runtime.static_cache import resolve  # the budget prices drafts with the forward times of the path that runs them
-
-    fast = resolve(compile, target.model)
-    profile = hardware.profile_for(target.model, progress=note, fast=fast) if mode == "auto" else None
+    cache_mode = resolve(compile, target.model)  # the budget prices drafts with the forward times of this path
+    profile = hardware.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode == "auto" else None
     drafter.budget = Budget(mode, profile, gate=drafter.gated_by_budget)
+    drafter.cache_mode = cache_mode
     return drafter
 
 
 def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, settings: RunSettings | None = None, *,
-        on_tokens=None, compile: str = "auto", **values) -> GenerationResult:
+        on_tokens=None, compile: str | CacheMode | None = None, **values) -> GenerationResult:
     """One generation. ``settings``: the run's checked values, else made from ``values`` (``max_new_tokens=``,
-    ``sampling=``, ``seed=``). ``compile``: ``--compile`` (auto, on, off, static;
-    :func:`specdec_cli.runtime.static_cache.resolve`)."""
+    ``sampling=``, ``seed=``). ``compile``: None (default) runs on the path the drafter was made for
+    (:func:`make_drafter`'s ``compile``; ``auto`` for a drafter made elsewhere); a value (auto, on, off, static, or
+    a :class:`~specdec_cli.runtime.cache_mode.CacheMode`) overrides it."""
     settings = settings or RunSettings(**values)
-    from .runtime.static_cache import resolve
-
+    chosen = drafter.cache_mode if compile is None else compile
+    cache_mode = resolve("auto" if chosen is None else chosen, target.model)
     return generate(target.model, prompt_ids, drafter, max_new_tokens=settings.max_new_tokens,
                     sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids, on_tokens=on_tokens,
-                    fast=resolve(compile, target.model))
+                    cache_mode=cache_mode)
 
 
 def decode(target: LoadedModel, tokens: list[int]) -> str:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec_cli.runtime import forward as engine
+from specdec_cli.runtime.cache_mode import CacheMode
 from specdec_cli.engine.loop import Drafter, generate
 from specdec_cli.engine.sampling import SamplingConfig, logits_to_probs, pick
 from specdec_cli.engine.verify import verify_rejection, verify_tree
@@ -143,16 +144,16 @@ def exact_two_token_distribution(model, prompt, cfg):
     return table.flatten()
 
 
-def sd_two_token_pvalue(target, draft, n: int = 1500, fast: str = "off") -> float:
+def sd_two_token_pvalue(target, draft, n: int = 1500, cache_mode: CacheMode = CacheMode.EAGER) -> float:
     """Chi-square p-value of the first two tokens sd samples (n seeds) against the target's exact law
-    (``fast``: the engine path of the target, :mod:`specdec_cli.runtime.static_cache`)."""
+    (``cache_mode``: the engine path of the target, :mod:`specdec_cli.runtime.cache_mode`)."""
     cfg = SamplingConfig(temperature=1.0)
     prompt = [1, 4, 2]
     expected = exact_two_token_distribution(target, prompt, cfg).cpu()
     drafter = RandomChainDrafter(draft, k=3)
     counts = torch.zeros(64)
     for seed in range(n):
-        out = generate(target, prompt, drafter, max_new_tokens=2, sampling=cfg, seed=seed, fast=fast).tokens
+        out = generate(target, prompt, drafter, max_new_tokens=2, sampling=cfg, seed=seed, cache_mode=cache_mode).tokens
         counts[out[0] * 8 + out[1]] += 1
     return chisquare_pvalue(counts, expected)
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from specdec_cli.runtime import forward as engine
+from specdec_cli.runtime.cache_mode import CacheMode
 from specdec_cli.runtime import static_cache as fastpath
 from specdec_cli.engine.loop import Drafter, Draft, generate
 
@@ -27,7 +28,7 @@ def test_static_tree_forward_matches_chain_forward(make, prefix_len):
     rng = random.Random(prefix_len)
     prefix = [rng.randrange(16) for _ in range(prefix_len)]
     tokens, parents = [3, 5, 7, 5, 2, 9, 1], [-1, -1, 0, 0, 1, 3, 5]
-    cache = engine.new_cache(model, prefix_len + 16, fast="static")
+    cache = engine.new_cache(model, prefix_len + 16, cache_mode=CacheMode.STATIC)
     assert isinstance(cache, fastpath.StaticCache)
     engine.forward_chain(model, cache, prefix[:-1], keep=0)
     assert engine.cache_len(cache) == prefix_len - 1
@@ -41,7 +42,7 @@ def test_static_tree_forward_matches_chain_forward(make, prefix_len):
 def test_static_cache_rollback(make):
     model = make(vocab=16)
     prefix = [1, 2, 3, 4, 5, 6, 7]
-    cache = engine.new_cache(model, 64, fast="static")
+    cache = engine.new_cache(model, 64, cache_mode=CacheMode.STATIC)
     engine.forward_chain(model, cache, prefix[:-1])
     engine.forward_tree(model, cache, prefix[-1], [8, 9, 10, 11, 12], [-1, -1, 1, 2, 2])
     engine.keep(cache, len(prefix) - 1, [0, 2, 3, 5])  # root -> node 1 -> node 2 -> node 4
@@ -71,10 +72,10 @@ def test_greedy_static_equals_eager(make):
     prompt = [random.Random(5).randrange(16) for _ in range(40)]
     want = generate(model, prompt, Drafter(), max_new_tokens=60).tokens
     for drafter in (Drafter(), RandomTreeDrafter()):
-        got = generate(model, prompt, drafter, max_new_tokens=60, fast="static").tokens
+        got = generate(model, prompt, drafter, max_new_tokens=60, cache_mode=CacheMode.STATIC).tokens
         assert got == want
     # the same static cache is reused (and emptied) for the next generation
-    assert generate(model, prompt[:20], Drafter(), max_new_tokens=30, fast="static").tokens == \
+    assert generate(model, prompt[:20], Drafter(), max_new_tokens=30, cache_mode=CacheMode.STATIC).tokens == \
         generate(model, prompt[:20], Drafter(), max_new_tokens=30).tokens
 
 
@@ -87,7 +88,7 @@ def test_buckets():
 def test_sd_sampling_on_the_static_path_preserves_the_distribution():
     from test_engine import sd_two_token_pvalue
 
-    assert sd_two_token_pvalue(tiny_llama(seed=0), tiny_llama(seed=1), n=600, fast="static") > 1e-3
+    assert sd_two_token_pvalue(tiny_llama(seed=0), tiny_llama(seed=1), n=600, cache_mode=CacheMode.STATIC) > 1e-3
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU code needs a C++ compiler")
@@ -96,7 +97,7 @@ def test_compiled_path_on_cpu_equals_eager():
     model = tiny_llama(vocab=16)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     want = generate(model, prompt, RandomTreeDrafter(), max_new_tokens=24).tokens
-    got = generate(model, prompt, RandomTreeDrafter(), max_new_tokens=24, fast="compiled").tokens
+    got = generate(model, prompt, RandomTreeDrafter(), max_new_tokens=24, cache_mode=CacheMode.COMPILED).tokens
     assert got == want
 
 
@@ -113,8 +114,27 @@ def test_draft_models_follow_the_target_onto_the_static_path(copy_of_target):
     prompt = [random.Random(9).randrange(16) for _ in range(30)]
     want = generate(target, prompt, Drafter(), max_new_tokens=40).tokens
     drafter = SpeculativeSampling(loaded, 16, 4)
-    got = generate(target, prompt, drafter, max_new_tokens=40, fast="static")
+    got = generate(target, prompt, drafter, max_new_tokens=40, cache_mode=CacheMode.STATIC)
     assert got.tokens == want
     assert isinstance(drafter.dm.cache, fastpath.StaticCache) and drafter.dm.cache is not fastpath.cache_for(target, 1)
     if copy_of_target:  # identical weights: every drafted token is accepted
         assert got.summary()["accepted"] == got.summary()["drafted"] > 0
+
+
+def test_compile_resolves_to_one_cache_mode_and_profile_keys_stay(monkeypatch):
+    """``--compile`` becomes one CacheMode; a resolved mode passes through; the profile cache key of each mode is
+    the one it had as a string (``|fast=static``, ``|fast=compiled``, nothing for eager)."""
+    from specdec_cli.runtime import profile
+    from specdec_cli.runtime.cache_mode import resolve
+
+    model = tiny_llama(vocab=16)
+    modes = [resolve(c, model) for c in ("auto", "on", "off", "static")]
+    assert modes == [CacheMode.EAGER, CacheMode.COMPILED, CacheMode.EAGER, CacheMode.STATIC]
+    assert resolve(CacheMode.STATIC, model) is CacheMode.STATIC
+    keys = []
+    monkeypatch.setattr(profile, "load", lambda key: keys.append(key) or profile.Profile.flat())
+    for mode in CacheMode:
+        profile.profile_for(model, cache_mode=mode)
+    assert keys == [profile.model_key(model, extra) for extra in ("", "|fast=static", "|fast=compiled")]
+    assert engine.new_cache(model, 8, CacheMode.STATIC).mode is CacheMode.STATIC
+    assert engine.new_cache(model, 8).mode is CacheMode.EAGER

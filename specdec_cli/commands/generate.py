@@ -74,7 +74,7 @@ def generate(
                                    compile=compile, opened=opened)
         meta = {"model": model, "method": method, "drafts": list(draft or [])}
         for i, ids in enumerate(encoded):
-            answer(api, target, ids, drafter, settings, compile, i, meta if as_json else None)
+            answer(api, target, ids, drafter, settings, i, meta if as_json else None)
         drafter.finish()
 
 
@@ -92,7 +92,7 @@ def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory
     return options
 
 
-def answer(api, target, ids: list[int], drafter, settings, compile: str, index: int, meta: dict | None) -> None:
+def answer(api, target, ids: list[int], drafter, settings, index: int, meta: dict | None) -> None:
     """One prompt's answer: streamed as text (answers of a batch told apart by ``---``), or one JSON record."""
     if meta is None:
         import torch
@@ -100,11 +100,11 @@ def answer(api, target, ids: list[int], drafter, settings, compile: str, index: 
         if index:
             print("\n---\n", flush=True)
         streamer = text_streamer(target.tokenizer)
-        api.run(target, ids, drafter, settings, compile=compile,
+        api.run(target, ids, drafter, settings,
                 on_tokens=lambda new: streamer.put(torch.tensor(new)))
         streamer.end()
         return
-    result = api.run(target, ids, drafter, settings, compile=compile)
+    result = api.run(target, ids, drafter, settings)  # on the path make_drafter resolved --compile to
     record = {"index": index, **meta, "text": api.decode(target, result.tokens), "tokens": result.tokens,
               **result.summary(), "steps": [vars(step) for step in result.steps]}
     print(json.dumps(record), flush=True)

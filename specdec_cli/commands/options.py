@@ -16,7 +16,6 @@ from ..io.aliases import ALIASES
 from ..io.prompts import PROMPT_SETS
 from ..methods import METHODS
 
-COMPILE_CHOICES = ("auto", "on", "off", "static")
 MODEL_HELP = f"target model: alias ({', '.join(ALIASES)}), hub id or local path"
 BUDGET_HELP = ("draft budget: auto (verify what pays off on this machine, measured), paper (each method's paper "
                "settings) or N (the N draft tokens most likely accepted)")

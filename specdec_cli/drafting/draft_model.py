@@ -17,6 +17,7 @@ import torch
 
 from ..runtime import forward as engine
 from ..runtime import kvcache
+from ..runtime.cache_mode import CacheMode
 from ..engine.sampling import SamplingConfig, entropy, logits_to_probs, sample
 from ..engine.trees import Draft
 
@@ -34,13 +35,13 @@ class DraftModel:
         self.vocab_size = vocab_size  # the target's logit width; draft logits are cut/padded to it
         self._profile = None
         self.target_cache = None
-        self.fast, self.capacity = "off", kvcache.MIN_CAPACITY  # the target's engine path (use_target_cache)
+        self.cache_mode, self.capacity = CacheMode.EAGER, kvcache.MIN_CAPACITY  # the target's (use_target_cache)
         self.reset()
         if profiled:
             _ = self.profile
 
     def reset(self) -> None:
-        self.cache = engine.new_cache(self.model, self.capacity, fast=self.fast, slot=f"draft-{id(self)}")
+        self.cache = engine.new_cache(self.model, self.capacity, self.cache_mode, slot=f"draft-{id(self)}")
         self.seen: list[int] = []  # tokens whose keys/values are in the cache
         self.exact = 0  # how many of them hold the target's own keys/values (copied from its cache)
         self.fed = 0  # tokens fed by the last logits_after
@@ -51,16 +52,13 @@ class DraftModel:
         computing them itself: no draft prefill, no catch-up forward after steps that did not draft, and a draft
         that conditions on the target's exact states. Verification is unchanged, so this is lossless.
 
-        Every draft model also follows the target onto the static (compiled) path when the target is on it
-        (:mod:`specdec_cli.runtime.static_cache`): a launch-bound eager draft would cost more than a compiled target step."""
-        from ..runtime.static_cache import HEADROOM, StaticCache
-
-        static = isinstance(cache, StaticCache)
-        fast = ("compiled" if cache.compiled else "static") if static else "off"
-        if fast != self.fast:
+        Every draft model also follows the target onto its path (``cache.mode``; the static, compiled one:
+        :mod:`specdec_cli.runtime.static_cache`): a launch-bound eager draft would cost more than a compiled target
+        step."""
+        if cache.mode is not self.cache_mode:
             self._profile = None  # forward times of the path this draft now runs on (measured when first needed)
-        self.fast = fast
-        self.capacity = cache.capacity - HEADROOM if static else kvcache.MIN_CAPACITY
+        self.cache_mode = cache.mode
+        self.capacity = cache.companion_capacity() * (2 if self.bridge is not None else 1)  # its tokens may be more
         if self.loaded.info.get("copy_of_target"):
             self.target_cache = cache
 
@@ -70,7 +68,7 @@ class DraftModel:
         if self._profile is None:
             from ..runtime.profile import profile_for
 
-            self._profile = profile_for(self.model, fast=self.fast)
+            self._profile = profile_for(self.model, cache_mode=self.cache_mode)
         return self._profile
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -93,8 +91,7 @@ class DraftModel:
         if self.target_cache is not None:  # the target's states beat our own approximations of them
             common = min(common, self.exact)
             ready = min(len(tokens) - feed, engine.cache_len(self.target_cache))
-            if ready > common and kvcache.copy_prefix(self.cache, self.target_cache, common, ready,
-                                                      self.model.dtype):
+            if ready > common and self.cache.copy_prefix(self.target_cache, common, ready, self.model.dtype):
                 common = self.exact = ready
                 self.seen = list(tokens[:ready])
         engine.crop(self.cache, common)

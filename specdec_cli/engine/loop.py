@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from ..runtime import forward as engine
-from ..runtime import static_cache as fastpath
+from ..runtime.cache_mode import CacheMode
 from . import metrics
 from .budget import Budget
 from ..errors import SpecdecError
@@ -50,6 +50,7 @@ class Drafter:
     name = "ar"
     _budget: Budget | None = None
     gated_by_budget = True  # False: the budget never skips drafting (the drafter gates its own costly sources)
+    cache_mode: CacheMode | None = None  # the engine path its budget was priced for (api.make_drafter sets it)
 
     @property
     def budget(self) -> Budget:
@@ -73,7 +74,8 @@ class Drafter:
 
     def use_target_cache(self, cache) -> None:
         """Called before ``start`` with the target's KV cache of this generation (it holds ``tokens[:-1]`` between
-        steps). Drafters whose draft model is a copy of the target read their prefix states from it."""
+        steps; ``cache.mode`` is the generation's engine path). Drafters whose draft model is a copy of the target
+        read their prefix states from it; draft models follow it onto the target's path."""
 
     def stats(self) -> dict:
         """Method-specific statistics for the whole generation (merged into the result's stats)."""
@@ -146,28 +148,32 @@ def vocab_size(model) -> int:
         return int(getattr(getattr(model, "config", None), "vocab_size", None) or 2**62)
 
 
-def generate(
-    target,
-    prompt: list[int],
-    drafter: Drafter,
-    *,
-    max_new_tokens: int,
-    sampling: SamplingConfig = SamplingConfig(),
-    seed: int = 0,
-    stop_ids: set[int] | frozenset[int] = frozenset(),
-    on_tokens: Callable[[list[int]], None] | None = None,
-    fast: str = "off",
-) -> GenerationResult:
+def fit_draft(draft: Draft, max_nodes: int | None, vocab: int, name: str) -> Draft:
+    """The draft cut to ``max_nodes`` (nodes come after their parents: a prefix is a tree); a token outside the
+    vocabulary is a user error."""
+    if max_nodes is not None and len(draft) > max_nodes:
+        draft = draft.subtree(range(max_nodes))
+    if draft.tokens and not 0 <= min(draft.tokens) <= max(draft.tokens) < vocab:
+        bad = next(t for t in draft.tokens if not 0 <= t < vocab)
+        raise SpecdecError(f"{name}: drafted token id {bad} is outside the model's vocabulary of {vocab} "
+                           "(corrupt datastore? check it with `specdec build-datastore --verify --out DIR`)")
+    return draft
+
+
+def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int,
+             sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
+             stop_ids: set[int] | frozenset[int] = frozenset(), on_tokens: Callable[[list[int]], None] | None = None,
+             cache_mode: CacheMode = CacheMode.EAGER) -> GenerationResult:
     """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM).
 
-    ``fast``: ``"off"`` (growing cache, eager), ``"static"`` (static cache, bucketed forwards) or ``"compiled"``
-    (the same, compiled: CUDA graphs on a GPU) -- :mod:`specdec_cli.runtime.static_cache`. The output is the same."""
+    ``cache_mode``: ``EAGER`` (growing cache), ``STATIC`` (static cache, bucketed forwards) or ``COMPILED`` (the
+    same, compiled: CUDA graphs on a GPU) -- :mod:`specdec_cli.runtime.cache_mode`. The output is the same."""
     generator = torch.Generator().manual_seed(seed)
     budget = drafter.budget
     vocab = vocab_size(target)
     t_start = time.perf_counter()
-    cache = engine.new_cache(target, len(prompt) + max_new_tokens + 8, fast=fast)
-    max_nodes = fastpath.BUCKETS[-1] - 1 if fast != "off" else None  # the root and the draft fill one bucket
+    cache = engine.new_cache(target, len(prompt) + max_new_tokens + 8, cache_mode)
+    max_nodes = cache.max_draft_nodes  # a static cache: the root and the draft fill one bucket
     tokens = list(prompt)
     if len(tokens) > 1:
         engine.forward_chain(target, cache, tokens[:-1], keep=0)
@@ -183,13 +189,7 @@ def generate(
         drafting = budget.should_draft()
         room = budget.draft_limit(max_new_tokens - len(out) - 1)
         plan = budget.select(drafter.propose(tokens, room) if drafting else Draft())
-        draft = plan.draft
-        if max_nodes is not None and len(draft) > max_nodes:  # nodes come after their parents: a prefix is a tree
-            draft = draft.subtree(range(max_nodes))
-        if draft.tokens and not 0 <= min(draft.tokens) <= max(draft.tokens) < vocab:
-            bad = next(t for t in draft.tokens if not 0 <= t < vocab)
-            raise SpecdecError(f"{drafter.name}: drafted token id {bad} is outside the model's vocabulary of {vocab} "
-                               "(corrupt datastore? check it with `specdec build-datastore --verify --out DIR`)")
+        draft = fit_draft(plan.draft, max_nodes, vocab, drafter.name)
         t1 = time.perf_counter()
         prefix_len = len(tokens) - 1
         logits = engine.forward_tree(target, cache, tokens[-1], draft.tokens, draft.parents)
@@ -215,12 +215,5 @@ def generate(
             on_tokens(new)
         if stopped_by == "eos":
             break
-    return GenerationResult(
-        prompt_tokens=list(prompt),
-        tokens=out,
-        steps=steps,
-        prefill_s=prefill_s,
-        total_s=time.perf_counter() - t_start,
-        stopped_by=stopped_by,
-        extra={**drafter.stats(), **budget.stats()},
-    )
+    return GenerationResult(list(prompt), out, steps, prefill_s, time.perf_counter() - t_start, stopped_by,
+                            extra={**drafter.stats(), **budget.stats()})

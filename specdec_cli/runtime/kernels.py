@@ -246,15 +246,3 @@ def install(model, progress=None) -> dict:
         for s in plan.values():
             used[s] = used.get(s, 0) + 1
     return {"layers": len(layers), "strategies": used, "extra_bytes": extra}
-
-
-def uninstall(model) -> None:
-    """Put plain ``nn.Linear`` layers back (the same weights)."""
-    for parent in model.modules():
-        for name, child in list(parent.named_children()):
-            if isinstance(child, FastLinear):
-                plain = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                plain.weight = child.weight
-                if child.bias is not None:
-                    plain.bias = child.bias
-                setattr(parent, name, plain)

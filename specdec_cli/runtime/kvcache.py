@@ -15,17 +15,136 @@ It is a ``DynamicLayer`` subclass plugged into transformers' own ``Cache`` conta
   not the whole cache.
 
 Sliding-window layers keep every entry too (only the *view* is windowed), so any rollback is exact.
+
+It is also where the engine's cache interface lives, :class:`KVCache`: what :mod:`specdec_cli.runtime.forward`, the
+decoding loop and draft models ask of a cache -- ``forward`` (feed a chain or a tree: new rows appended, mask and
+positions built by the cache), ``length``, ``crop_to``, ``keep_tree_rows``, ``copy_prefix``, ``mode`` and the sizes a
+companion cache needs. Two implementations: :class:`GrowingCache` here (eager) and
+:class:`specdec_cli.runtime.static_cache.StaticCache` (bucketed, optionally compiled). Their layers share row
+moves and copies through :class:`RowsLayer`; both build tree masks with :func:`specdec_cli.runtime.masks.tree_mask`.
 """
 
 from __future__ import annotations
 
+import inspect
+from functools import lru_cache
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from . import kernels
+from .cache_mode import CacheMode
+from .masks import layer_masks, layer_windows, tree_mask
+from .positions import ancestor_matrix, depths, is_chain
+
 MIN_CAPACITY = 256
+NO_ROWS = torch.empty(0, dtype=torch.long)
 
 
-class GrowingLayer(DynamicLayer):
+class KVCache(Cache):
+    """The engine's KV cache: a transformers ``Cache`` that also knows how to run a forward over it and roll back.
+
+    ``tokens`` fed to :meth:`forward` follow the cached prefix; ``parents`` (None: a chain) makes them a draft tree
+    whose node ``i`` sees the prefix and its ancestors. Rollback keeps the first ``length`` entries
+    (:meth:`crop_to`) or a tree path's rows (:meth:`keep_tree_rows`)."""
+
+    mode: CacheMode
+    max_draft_nodes: int | None = None  # the most draft nodes one forward takes (None: no limit)
+
+    @property
+    def length(self) -> int:
+        return self.get_seq_length()
+
+    def forward(self, model, tokens: list[int], parents: list[int] | None = None,
+                keep: int | None = None) -> torch.Tensor:
+        """Feed ``tokens``; float32 logits of the last ``keep`` rows (None: all, 0: none; a tree returns all)."""
+        raise NotImplementedError
+
+    def companion_capacity(self) -> int:
+        """The capacity to ask for a cache of another model on the same path (a draft model's)."""
+        raise NotImplementedError
+
+    def crop_to(self, length: int) -> None:
+        """Roll back to the first ``length`` entries (transformers v5: ``crop(-n)`` removes ``n``)."""
+        excess = self.length - length
+        if excess > 0:
+            self.crop(-excess)
+
+    def keep_tree_rows(self, prefix_len: int, rows: list[int]) -> None:
+        """Keep entries ``[:prefix_len]`` plus ``prefix_len + r`` for each ``r`` in ``rows`` (ascending)."""
+        if rows == list(range(len(rows))):
+            self.crop_to(prefix_len + len(rows))
+            return
+        for layer in self.layers:
+            layer.keep_rows(prefix_len, rows)
+
+    def copy_prefix(self, src: Cache, start: int, end: int, dtype: torch.dtype | None = None) -> bool:
+        """Copy entries ``[start, end)`` of every layer of ``src`` (a cache of a model with the same layers, e.g. a
+        quantized copy) into this cache; returns False, copying nothing, when the layers do not match."""
+        if len(src.layers) != len(self.layers) or not all(hasattr(d, "copy_from") for d in self.layers):
+            return False
+        for d, s in zip(self.layers, src.layers):
+            if s.keys is None or s.keys.shape[-2] < end or not d.can_take(s.keys, end):
+                return False
+        for d, s in zip(self.layers, src.layers):
+            d.copy_from(s, start, end, dtype)
+        return True
+
+
+class RowsLayer:
+    """What both cache layers share: moving a tree path's rows down and copying rows from another layer. A layer
+    gives its whole buffers (:meth:`buffers`), sets its length (:meth:`set_length`) and makes room for rows."""
+
+    grows = False  # True: the buffers grow on demand (no row limit)
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def set_length(self, length: int) -> None:
+        self.length = length
+
+    def make_room(self, start: int, end: int, keys: torch.Tensor, values: torch.Tensor, dtype) -> None:
+        """Before rows ``[start, end)`` are written from ``keys``/``values``."""
+
+    def can_take(self, keys: torch.Tensor, end: int) -> bool:
+        """Whether rows ``[:end]`` shaped like ``keys`` fit this layer."""
+        if not self.is_initialized:
+            return True
+        buf = self.buffers()[0]
+        if buf.shape[:-2] != keys.shape[:-2] or buf.shape[-1] != keys.shape[-1]:
+            return False
+        return self.grows or end <= buf.shape[-2]
+
+    @torch.inference_mode()
+    def copy_from(self, other, start: int, end: int, dtype: torch.dtype | None = None) -> None:
+        """Make entries ``[start, end)`` those of ``other`` (cast to this layer's dtype, or ``dtype`` for a layer
+        not yet written); the length becomes ``end``."""
+        keys, values = other.keys[..., start:end, :], other.values[..., start:end, :]
+        self.make_room(start, end, keys, values, dtype)
+        k, v = self.buffers()
+        k[..., start:end, :] = keys
+        v[..., start:end, :] = values
+        self.set_length(end)
+
+    @torch.inference_mode()
+    def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
+        """Keep entries ``[:prefix_len]`` plus ``prefix_len + r`` for ``r`` in ``rows`` (ascending), in that order:
+        only the rows that move are copied."""
+        if not self.is_initialized:
+            return
+        moved = [(prefix_len + i, prefix_len + r) for i, r in enumerate(rows) if r != i]
+        if moved:
+            k, v = self.buffers()
+            dst = torch.tensor([d for d, _ in moved], device=k.device)
+            src = torch.tensor([s for _, s in moved], device=k.device)
+            for buf in (k, v):
+                buf.index_copy_(-2, dst, buf.index_select(-2, src))
+        self.set_length(prefix_len + len(rows))
+
+
+class GrowingLayer(RowsLayer, DynamicLayer):
+    grows = True
+
     def __init__(self, capacity: int = MIN_CAPACITY, window: int | None = None):
         super().__init__()
         self.capacity = max(int(capacity), 1)
@@ -42,6 +161,19 @@ class GrowingLayer(DynamicLayer):
         self._v = torch.empty((*shape, self.capacity, value_states.shape[-1]), dtype=self.dtype, device=self.device)
         self.is_initialized = True
         self._set_views()
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._k, self._v
+
+    def set_length(self, length: int) -> None:
+        self.length = length
+        self._set_views()
+
+    def make_room(self, start: int, end: int, keys: torch.Tensor, values: torch.Tensor, dtype) -> None:
+        if not self.is_initialized:
+            self.lazy_initialization(keys.to(dtype or keys.dtype), values.to(dtype or values.dtype))
+        self.length = min(self.length, start)
+        self._reserve(end)
 
     def _set_views(self) -> None:
         self.keys = self._k[..., : self.length, :]
@@ -95,68 +227,70 @@ class GrowingLayer(DynamicLayer):
             self.length = max(self.length + tokens_to_remove, 0)
             self._set_views()
 
-    @torch.inference_mode()
-    def copy_from(self, other, start: int, end: int, dtype: torch.dtype | None = None) -> None:
-        """Make entries ``[start, end)`` those of ``other`` (cast to this layer's dtype, or ``dtype`` for a layer
-        not yet written); the length becomes ``end``."""
-        keys, values = other.keys[..., start:end, :], other.values[..., start:end, :]
-        if not self.is_initialized:
-            self.lazy_initialization(keys.to(dtype or keys.dtype), values.to(dtype or values.dtype))
-        self.length = min(self.length, start)
-        self._reserve(end)
-        self._k[..., start:end, :] = keys
-        self._v[..., start:end, :] = values
-        self.length = end
-        self._set_views()
+
+@lru_cache(maxsize=None)
+def _takes_logits_to_keep(forward_type) -> bool:
+    return "logits_to_keep" in inspect.signature(forward_type.forward).parameters
+
+
+def _rows_arg(model, keep: int | None) -> dict:
+    """``logits_to_keep`` for the last ``keep`` rows (None: all; 0: none -- an empty index list)."""
+    if keep is None or not _takes_logits_to_keep(type(model)):
+        return {}
+    return {"logits_to_keep": NO_ROWS if keep == 0 else keep}
+
+
+class GrowingCache(KVCache):
+    """The eager cache: :class:`GrowingLayer` (or, built with ``layer_class_to_replicate``, any transformers layer
+    for chain forwards and crops). Chains go through the model's own causal (and sliding-window) masks; trees pass a
+    4-D additive mask (a dict per layer type where full and sliding-window layers mix) and explicit positions."""
+
+    mode = CacheMode.EAGER
+
+    def companion_capacity(self) -> int:
+        return MIN_CAPACITY
 
     @torch.inference_mode()
-    def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
-        """Keep entries ``[:prefix_len]`` plus ``prefix_len + r`` for ``r`` in ``rows`` (ascending), in that order."""
-        if not self.is_initialized:
-            return
-        moved = [(prefix_len + i, prefix_len + r) for i, r in enumerate(rows) if r != i]
-        if moved:
-            dst = torch.tensor([d for d, _ in moved], device=self._k.device)
-            src = torch.tensor([s for _, s in moved], device=self._k.device)
-            for buf in (self._k, self._v):
-                buf.index_copy_(-2, dst, buf.index_select(-2, src))
-        self.length = prefix_len + len(rows)
-        self._set_views()
+    def forward(self, model, tokens: list[int], parents: list[int] | None = None,
+                keep: int | None = None) -> torch.Tensor:
+        dev = model.get_input_embeddings().weight.device
+        ids = torch.tensor([tokens], dtype=torch.long, device=dev)
+        if parents is None or is_chain(parents):
+            start = self.length
+            extra = {"position_ids": torch.arange(start, start + len(tokens), device=dev).unsqueeze(0),
+                     **_rows_arg(model, keep)}
+        else:
+            mask, pos = self.tree_inputs(model, parents)
+            extra = {"position_ids": pos.to(dev), "attention_mask": mask.to(dev) if torch.is_tensor(mask) else
+                     {kind: m.to(dev) for kind, m in mask.items()}}
+        with kernels.active():
+            out = model(input_ids=ids, past_key_values=self, use_cache=True, **extra)
+        return out.logits[0].float()
+
+    def tree_inputs(self, model, parents: list[int]) -> tuple[object, torch.Tensor]:
+        """The 4-D additive mask(s) and position ids ``[1, n]`` for ``root + tree`` after the cached prefix. A
+        sliding-window mask covers the entries its layers show (only the last ``window - 1`` past ones when the
+        layers are windowed) and masks, row by row, whatever lies beyond that row's own window."""
+        prefix, anc = self.length, ancestor_matrix(parents)
+        q_pos = prefix + torch.tensor([0] + depths(parents))
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        layer_types, window = getattr(cfg, "layer_types", None), getattr(cfg, "sliding_window", None)
+        if not (layer_types and window and "sliding_attention" in layer_types):
+            layer_types, window = ["full_attention"], None
+        windowed = any(getattr(layer, "window", None) for layer in self.layers)
+
+        def mask_for(win: int | None) -> torch.Tensor:
+            start = max(prefix - win + 1, 0) if win and windowed else 0
+            columns = torch.arange(start, prefix + anc.shape[0])
+            return tree_mask(columns, prefix, anc, q_pos, win, model.dtype)
+
+        return layer_masks(layer_types, window, mask_for), q_pos.unsqueeze(0)
 
 
-def copy_prefix(dst: Cache, src: Cache, start: int, end: int, dtype: torch.dtype | None = None) -> bool:
-    """Copy entries ``[start, end)`` of every layer of ``src`` into ``dst`` (a cache of a model with the same
-    layers, e.g. a quantized copy); returns False, copying nothing, when the layers do not match."""
-    if len(src.layers) != len(dst.layers) or not all(hasattr(d, "copy_from") for d in dst.layers):
-        return False
-    for d, s in zip(dst.layers, src.layers):
-        if s.keys is None or s.keys.shape[-2] < end:
-            return False
-        buf = getattr(d, "_k", None) if isinstance(d, GrowingLayer) else d.keys  # a static layer: its whole buffer
-        if d.is_initialized and (buf.shape[:-2] != s.keys.shape[:-2] or buf.shape[-1] != s.keys.shape[-1]):
-            return False
-        if not isinstance(d, GrowingLayer) and end > buf.shape[-2]:
-            return False
-    for d, s in zip(dst.layers, src.layers):
-        d.copy_from(s, start, end, dtype)
-    return True
-
-
-def layer_windows(config) -> list[int | None]:
-    """Per decoder layer: its sliding window, or None for full attention (from ``layer_types``/``sliding_window``)."""
-    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    types = getattr(cfg, "layer_types", None)
-    window = getattr(cfg, "sliding_window", None)
-    n = getattr(cfg, "num_hidden_layers", None)
-    if not types or not window:
-        return [None] * int(n or 0)
-    return [window if t == "sliding_attention" else None for t in types]
-
-
-def new_cache(model=None, capacity: int = MIN_CAPACITY) -> Cache:
+def new_cache(model=None, capacity: int = MIN_CAPACITY) -> GrowingCache:
     """A cache of :class:`GrowingLayer` for ``model`` (sliding-window layers windowed as its config says)."""
     capacity = max(int(capacity), 1)
     windows = layer_windows(model.config) if model is not None else []
     if windows:
-        return Cache(layers=[GrowingLayer(capacity, w) for w in windows])
-    return Cache(layer_class_to_replicate=lambda: GrowingLayer(capacity))
+        return GrowingCache(layers=[GrowingLayer(capacity, w) for w in windows])
+    return GrowingCache(layer_class_to_replicate=lambda: GrowingLayer(capacity))

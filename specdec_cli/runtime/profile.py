@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..io.atomic import write_cache
+from .cache_mode import CacheMode
 
 POINTS = (1, 2, 3, 4, 6, 8, 16, 32)
 CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
@@ -107,8 +108,8 @@ def _tree(n_draft: int) -> list[int]:
 
 
 @torch.inference_mode()
-def measure(model, points=POINTS, context: int = CONTEXT, fast: str = "off") -> Profile:
-    """Forward times for ``points`` query sizes after ``context`` cached tokens, on the engine path ``fast``
+def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode = CacheMode.EAGER) -> Profile:
+    """Forward times for ``points`` query sizes after ``context`` cached tokens, on the engine path ``cache_mode``
     (with the static cache every size is timed as the bucket it pads to -- compiled ones compile here, once)."""
     from . import forward as engine
 
@@ -116,7 +117,7 @@ def measure(model, points=POINTS, context: int = CONTEXT, fast: str = "off") -> 
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (context + max(points) + 1,), generator=gen).tolist()
-    cache = engine.new_cache(model, context + max(points) + 8, fast=fast)
+    cache = engine.new_cache(model, context + max(points) + 8, cache_mode)
     engine.forward_chain(model, cache, ctx[:context], keep=0)
 
     device = engine.input_device(model)
@@ -142,15 +143,16 @@ def measure(model, points=POINTS, context: int = CONTEXT, fast: str = "off") -> 
                    info={"context": context, "threads": torch.get_num_threads()})
 
 
-def profile_for(model, extra: str = "", progress=None, fast: str = "off") -> Profile:
-    """The cached profile of ``model`` on this machine, measured now if there is none."""
-    key = model_key(model, extra + (f"|fast={fast}" if fast != "off" else ""))
+def profile_for(model, extra: str = "", progress=None, cache_mode: CacheMode = CacheMode.EAGER) -> Profile:
+    """The cached profile of ``model`` on this machine, measured now if there is none. The key names a static
+    path as ``|fast=static`` or ``|fast=compiled`` (the mode's value; the eager path adds nothing), as it always has."""
+    key = model_key(model, extra + (f"|fast={cache_mode.value}" if cache_mode.static else ""))
     found = load(key)
     if found is not None:
         return found
     if progress:
         progress("measuring forward times on this machine (once per model and thread count)")
-    profile = measure(model, fast=fast)
+    profile = measure(model, cache_mode=cache_mode)
     profile.key = key
     save(profile)
     return profile

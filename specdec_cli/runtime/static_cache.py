@@ -16,17 +16,21 @@ running them. The cure (gpt-fast) is to make every step's shapes static and repl
   ``mode="reduce-overhead"`` on CUDA: CUDA graphs, whose memory is reserved once, at capture).
 * The prefill runs eager, in chunks (its length varies; its cost is one pass).
 
-The engine (:mod:`specdec_cli.runtime.forward`) sends ``forward_chain``/``forward_tree``/``keep``/``crop`` here when the
-cache is a :class:`StaticCache`; decoding logic is unchanged, so every method runs on it and stays lossless.
+:class:`StaticCache` is one of the two implementations of the engine's cache interface
+(:class:`specdec_cli.runtime.kvcache.KVCache`); :mod:`specdec_cli.runtime.forward` calls it as it calls the growing
+cache, so every method runs on it and stays lossless. Row moves and copies are shared with the growing cache
+(``kvcache.RowsLayer``), and so is the mask (:func:`specdec_cli.runtime.masks.tree_mask`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin
 
-from .kvcache import layer_windows
+from .cache_mode import CacheMode
+from .kvcache import KVCache, RowsLayer
+from .masks import layer_masks, layer_windows, tree_mask
 from .positions import ancestor_matrix, depths
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -42,7 +46,7 @@ def bucket(n: int) -> int:
     raise ValueError(f"a step of {n} query tokens exceeds the largest bucket ({BUCKETS[-1]})")
 
 
-class StaticLayer(CacheLayerMixin):
+class StaticLayer(RowsLayer, CacheLayerMixin):
     is_compileable = True
     is_sliding = False
 
@@ -84,32 +88,19 @@ class StaticLayer(CacheLayerMixin):
     def crop(self, tokens_to_remove: int) -> None:
         self.length = max(self.length + min(tokens_to_remove, 0), 0)
 
-    @torch.inference_mode()
-    def copy_from(self, other, start: int, end: int, dtype: torch.dtype | None = None) -> None:
-        """Make rows ``[start, end)`` those of ``other`` (another model's layer: a draft takes the target's
-        keys/values, see ``kvcache.copy_prefix``); the length becomes ``end``."""
-        self.keys[..., start:end, :] = other.keys[..., start:end, :]
-        self.values[..., start:end, :] = other.values[..., start:end, :]
-        self.length = end
-
-    @torch.inference_mode()
-    def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
-        moved = [(prefix_len + i, prefix_len + r) for i, r in enumerate(rows) if r != i]
-        if moved and self.is_initialized:
-            dst = torch.tensor([d for d, _ in moved], device=self.device)
-            src = torch.tensor([s for _, s in moved], device=self.device)
-            for buf in (self.keys, self.values):
-                buf.index_copy_(2, dst, buf.index_select(2, src))
-        self.length = prefix_len + len(rows)
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
 
 
-class StaticCache(Cache):
-    """A static cache bound to one model, with its bucketed forwards (compiled or eager)."""
+class StaticCache(KVCache):
+    """A static cache bound to one model, with its bucketed forwards (compiled or eager, as ``mode`` says)."""
 
-    def __init__(self, model, capacity: int, compiled: bool = False):
+    max_draft_nodes = BUCKETS[-1] - 1  # the root and the draft fill one bucket
+
+    def __init__(self, model, capacity: int, mode: CacheMode = CacheMode.STATIC):
         windows = layer_windows(model.config)
         super().__init__(layers=[StaticLayer(capacity, w) for w in windows])
-        self.model, self.capacity, self.compiled = model, capacity, compiled
+        self.model, self.capacity, self.mode = model, capacity, mode
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.window = getattr(cfg, "sliding_window", None) if any(w for w in windows) else None
         self.layer_types = sorted({"sliding_attention" if w else "full_attention" for w in windows})
@@ -123,11 +114,21 @@ class StaticCache(Cache):
         empty = torch.empty((1, kv_heads, 0, head_dim), dtype=model.dtype, device=self.device)
         for layer in self.layers:  # allocated now: a compiled graph never sees an uninitialized layer
             layer.lazy_initialization(empty, empty)
-        self.run = _compile(self._forward) if compiled else self._forward
+        self.run = _compile(self._forward) if mode.compiled else self._forward
 
     @property
     def length(self) -> int:
         return self.layers[0].length
+
+    def companion_capacity(self) -> int:
+        return self.capacity - HEADROOM
+
+    def forward(self, model, tokens: list[int], parents: list[int] | None = None,
+                keep: int | None = None) -> torch.Tensor:
+        """The bound model's forward (``model`` is it): a chain (:meth:`forward_chain`) or a tree."""
+        if parents is None:
+            return self.forward_chain(tokens, keep)
+        return self.forward_tree(tokens[0], tokens[1:], parents)
 
     def reset(self) -> None:
         for layer in self.layers:
@@ -146,22 +147,10 @@ class StaticCache(Cache):
         return out.logits
 
     def _masks(self, prefix: torch.Tensor, anc: torch.Tensor, pos: torch.Tensor):
-        """Additive masks [1, 1, rows, capacity]: the prefix (within the window for sliding layers) and each
-        row's tree ancestors (itself included); everything else, the rows past the length included, masked."""
-        size = anc.shape[0]
-        rel = self.columns - prefix  # column -> query row it holds (when in [0, size))
-        in_tree = (rel >= 0) & (rel < size)
-        row = rel.clamp(0, size - 1)
-        visible = (self.columns < prefix)[None, :] | (anc[:, row] & in_tree[None, :])
-        k_pos = torch.where(in_tree, pos[row], self.columns)
-        neg = torch.finfo(self.mask_dtype).min
-        masks = {}
-        for kind in self.layer_types:
-            allowed = visible
-            if kind == "sliding_attention" and self.window:
-                allowed = visible & ((pos[:, None] - k_pos[None, :]) < self.window)
-            masks[kind] = torch.where(allowed, 0.0, neg).to(self.mask_dtype)[None, None]
-        return masks if len(masks) > 1 else masks[self.layer_types[0]]
+        """Additive masks [1, 1, rows, capacity] over the whole buffer (:func:`~specdec_cli.runtime.masks.tree_mask`):
+        the rows past the length are masked like every column that is neither prefix nor an ancestor."""
+        return layer_masks(self.layer_types, self.window,
+                           lambda window: tree_mask(self.columns, prefix, anc, pos, window, self.mask_dtype))
 
     def _buffers(self, size: int) -> dict:
         """Per bucket: a host staging tensor and its device twin (ids, positions, ancestors, prefix length:
@@ -238,19 +227,10 @@ def _compile(fn):
     return torch.compile(fn, mode="reduce-overhead" if cuda else "default", dynamic=False, fullgraph=False)
 
 
-def resolve(choice: str, model) -> str:
-    """``--compile`` -> the engine's mode: ``"compiled"``, ``"static"`` or ``"off"``. ``auto`` compiles for CUDA;
-    on the CPU it stays eager, where the static path measured slower than the growing cache (docs/gpu.md)."""
-    if choice == "auto":
-        on_cuda = model.get_input_embeddings().weight.device.type == "cuda"
-        return "compiled" if on_cuda else "off"
-    return {"on": "compiled", "off": "off", "static": "static"}[choice]
-
-
 _POOL: dict[tuple[int, str], StaticCache] = {}
 
 
-def cache_for(model, needed: int, compiled: bool = False, slot: str = "target") -> StaticCache:
+def cache_for(model, needed: int, mode: CacheMode = CacheMode.STATIC, slot: str = "target") -> StaticCache:
     """The model's static cache, emptied, with room for ``needed`` rows plus the largest bucket. One cache per
     model and ``slot`` (the target's, a draft's) is kept with its compiled graphs and reused while it is large
     enough and of the same mode."""
@@ -258,8 +238,8 @@ def cache_for(model, needed: int, compiled: bool = False, slot: str = "target") 
     while capacity < needed + HEADROOM:
         capacity *= 2
     cache = _POOL.get((id(model), slot))
-    if cache is None or cache.model is not model or cache.capacity < capacity or cache.compiled != compiled:
-        cache = StaticCache(model, capacity, compiled)
+    if cache is None or cache.model is not model or cache.capacity < capacity or cache.mode is not mode:
+        cache = StaticCache(model, capacity, mode)
         _POOL[(id(model), slot)] = cache
     cache.reset()
     return cache

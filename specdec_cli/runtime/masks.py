@@ -1,0 +1,48 @@
+"""Which keys a query row sees: layers' sliding windows, and the attention mask of a forward over a draft tree,
+built one way for both KV caches.
+
+A forward feeds ``size`` query rows (the root and its draft nodes; a static cache's padding rows too) after
+``prefix`` cached entries. Key column ``c`` holds cached position ``c`` when ``c < prefix`` and query row
+``c - prefix`` otherwise. A row may see every prefix column and its own tree ancestors (itself included); in a
+sliding-window layer only keys less than ``window`` positions before it. The growing cache
+(:mod:`specdec_cli.runtime.kvcache`) passes the columns its layers show (a sliding layer's view starts late); the
+static cache (:mod:`specdec_cli.runtime.static_cache`) passes its whole buffer and a device-side ``prefix``, inside
+its (compiled) forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tree_mask(columns: torch.Tensor, prefix, anc: torch.Tensor, q_pos: torch.Tensor, window: int | None,
+              dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``[1, 1, rows, len(columns)]`` (0 visible, the dtype's minimum masked). ``prefix``: an int or
+    a 0-d tensor; ``anc``: the ``[size, size]`` ancestor matrix; ``q_pos``: the rows' positions."""
+    size = anc.shape[0]
+    rel = columns - prefix  # column -> the query row it holds (when in [0, size))
+    in_tree = (rel >= 0) & (rel < size)
+    row = rel.clamp(0, size - 1)
+    visible = (columns < prefix)[None, :] | (anc[:, row] & in_tree[None, :])
+    if window:
+        k_pos = torch.where(in_tree, q_pos[row], columns)
+        visible = visible & ((q_pos[:, None] - k_pos[None, :]) < window)
+    return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]
+
+
+def layer_masks(layer_types, window: int | None, mask_for):
+    """One mask per layer type (``mask_for(window or None)``): a dict when full and sliding-window layers mix,
+    the single mask otherwise -- as transformers' models take ``attention_mask``."""
+    masks = {kind: mask_for(window if kind == "sliding_attention" else None) for kind in sorted(set(layer_types))}
+    return masks if len(masks) > 1 else next(iter(masks.values()))
+
+
+def layer_windows(config) -> list[int | None]:
+    """Per decoder layer: its sliding window, or None for full attention (from ``layer_types``/``sliding_window``)."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    n = getattr(cfg, "num_hidden_layers", None)
+    if not types or not window:
+        return [None] * int(n or 0)
+    return [window if t == "sliding_attention" else None for t in types]
