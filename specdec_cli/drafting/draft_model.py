@@ -177,7 +177,7 @@ def draft_chain(dm: DraftModel, tokens: list[int], k: int, cfg: SamplingConfig, 
                 tau: float = math.inf, entropies: bool = False) -> Chain:
     """Draft at most ``k`` tokens after ``tokens`` with the draft model; a draft of another tokenizer drafts
     greedily in its own tokens (:func:`bridged_chain`)."""
-    if dm.bridge is not None:
+    if getattr(dm, "bridge", None) is not None:  # (test doubles have none)
         return bridged_chain(dm, tokens, k, budget, tau=tau, entropies=entropies)
     return own_chain(dm, tokens, k, cfg, generator, budget, tau=tau, entropies=entropies)
 
