@@ -319,9 +319,12 @@ def test_killed_bench_resumes_to_the_same_record(tmp_path):
     partial = Path(f"{out}.partial")
     proc = subprocess.Popen([*CMD, *BENCH, "--out", str(out)], env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
-    # killed as soon as the first generation is kept: seven more (seconds of work) stand between that and the end,
-    # a margin no scheduling delay of the polling here reaches
-    _wait_for(lambda: (partial.exists() and len(partial.read_text().splitlines()) >= 2) or proc.poll() is not None)
+    # killed as soon as the first generation is kept with its learned state (a unit whose state was not yet saved
+    # runs again): seven more (seconds of work) stand between that and the end, a margin no scheduling delay of the
+    # polling here reaches
+    state = Path(f"{partial}.state")
+    _wait_for(lambda: (partial.exists() and len(partial.read_text().splitlines()) >= 2 and state.exists())
+              or proc.poll() is not None)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not out.exists() or not out.read_text().strip()  # no record yet
