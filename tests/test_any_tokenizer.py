@@ -36,13 +36,22 @@ def char_tokenizer(pieces, merges):
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
+def loaded(pieces, merges, seed, name):
+    model = tiny_llama(vocab=len(pieces), seed=seed)
+    model.generation_config.eos_token_id = None  # Llama's default (2) is a letter of these tokenizers
+    return LoadedModel(model, char_tokenizer(pieces, merges), name, False)
+
+
 @pytest.fixture(scope="module")
 def tiny_pair():
-    target = LoadedModel(tiny_llama(vocab=len(TARGET_PIECES), seed=0), char_tokenizer(TARGET_PIECES, TARGET_MERGES),
-                         "tiny-target", False)
-    draft = LoadedModel(tiny_llama(vocab=len(DRAFT_PIECES), seed=3), char_tokenizer(DRAFT_PIECES, DRAFT_MERGES),
-                        "tiny-draft", False)
-    return target, draft
+    """A target with the coarser tokenizer (a draft token rarely covers several target tokens)."""
+    return loaded(TARGET_PIECES, TARGET_MERGES, 0, "tiny-target"), loaded(DRAFT_PIECES, DRAFT_MERGES, 3, "tiny-draft")
+
+
+@pytest.fixture(scope="module")
+def finer_target():
+    """The pair the other way round: one draft token often becomes several target tokens."""
+    return loaded(DRAFT_PIECES, DRAFT_MERGES, 0, "tiny-target"), loaded(TARGET_PIECES, TARGET_MERGES, 3, "tiny-draft")
 
 
 def test_whole_chars():
@@ -92,17 +101,24 @@ def test_sampling_with_a_draft_of_another_tokenizer_is_exact(tiny_pair):
     assert chisquare_pvalue(counts, expected) > 1e-3
 
 
+@pytest.mark.parametrize("budget", ["paper", 4, "auto"])
 @pytest.mark.parametrize("method", ["sd", "self-verify", "hsddw-m1", "hsddw-m2", "auto"])
-def test_greedy_identical_with_a_draft_of_another_tokenizer(tiny_pair, method):
+@pytest.mark.parametrize("pair", ["tiny_pair", "finer_target"])
+def test_greedy_identical_with_a_draft_of_another_tokenizer(request, pair, method, budget):
+    from specdec_cli.engine.budget import Budget
     from specdec_cli.methods import MethodContext, build_drafter
+    from specdec_cli.runtime.profile import Profile
 
-    target, draft = tiny_pair
-    same = LoadedModel(tiny_llama(vocab=len(TARGET_PIECES), seed=5), target.tokenizer, "tiny-same", False)
-    drafts = {"hsddw-m1": [draft, same], "hsddw-m2": [draft, LoadedModel(tiny_llama(vocab=5, seed=4),
-                                                                         draft.tokenizer, "tiny-m2", False)]}
+    target, draft = request.getfixturevalue(pair)
+    same = LoadedModel(tiny_llama(vocab=target.vocab_size, seed=5), target.tokenizer, "tiny-same", False)
+    m2 = LoadedModel(tiny_llama(vocab=draft.vocab_size, seed=4), draft.tokenizer, "tiny-m2", False)
+    drafts = {"hsddw-m1": [draft, same], "hsddw-m2": [draft, m2]}
     name = method.removesuffix("-m1").removesuffix("-m2")
-    ctx = MethodContext(target, drafts.get(method, [draft]), None, None, {}, "paper")
+    options = {"tau0": "0"} if name in ("self-verify", "hsddw") else {}  # the paper's cold start: tau learnt
+    ctx = MethodContext(target, drafts.get(method, [draft]), None, None, options, budget)
     drafter = build_drafter(name, ctx)
+    if budget != "paper":
+        drafter.budget = Budget(budget, Profile([1, 64], [0.01, 0.012]), gate=drafter.gated_by_budget)
     rng = random.Random(0)
     drafted = 0
     for _ in range(6):
@@ -141,9 +157,33 @@ def test_real_tokenizers_round_trip():
                 bridge.draft_context(ids[:n] + [rng.randrange(1000, 5000)])  # a path not taken
                 got = bridge.draft_context(ids[:n])
                 assert b.text(got) == a.text(ids[:n])[: bridge.settled]
-            assert bridge.draft_context(ids) == b.encode(text)
+            assert bridge.draft_context(ids) == bridge.lead + b.encode(text)  # Gemma's <bos> leads its context
+            assert bridge.lead == ([2] if b is gemma else [])
             cut = len(ids) // 2
             context = bridge.draft_context(ids[:cut])
             rest = text.encode()[len(b.text(context)):].decode("utf-8", errors="replace")
-            proposed = bridge.to_target(b.encode(rest)[:12])
+            continuation = b.encode(rest)[:12]
+            proposed, cover = bridge.to_target(continuation)
             assert proposed and proposed == ids[cut: cut + len(proposed)]
+            assert len(cover) == len(proposed) and cover == sorted(cover) and cover[-1] < len(continuation)
+
+
+@pytest.mark.slow
+def test_real_tokenizers_odd_text():
+    """Invalid UTF-8 from byte-fallback tokens, special-token markup as text, and a draft that reaches its end of
+    text: the bridge neither crashes nor drops text."""
+    from specdec_cli.io.models import load_tokenizer
+
+    gemma_tok = load_tokenizer("gemma3-270m")
+    gemma, smol = ByteVocab(gemma_tok), ByteVocab(load_tokenizer("smollm2-135m"))
+    bad = gemma_tok.convert_tokens_to_ids("<0xFF>")
+    ids = gemma.encode("ab") + [bad] * 4 + gemma.encode("cd ef") + [gemma_tok.convert_tokens_to_ids("<0x80>")] + \
+        gemma.encode("gh")
+    bridge = TokenBridge(gemma, smol)
+    for n in range(1, len(ids) + 1):
+        context = bridge.draft_context(ids[:n])
+    assert smol.text(context).endswith(b"cd ef\xef\xbf\xbdgh")  # each invalid byte one U+FFFD, nothing lost
+    assert smol.encode("<|im_end|>") != [smol.tokenizer.convert_tokens_to_ids("<|im_end|>")]  # markup stays text
+    bridge = TokenBridge(smol, gemma)
+    bridge.draft_context(smol.encode("x = 1"))
+    assert bridge.to_target(gemma.encode(" + 2"), final=True)[0] == smol.encode(" + 2")

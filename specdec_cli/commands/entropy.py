@@ -89,6 +89,12 @@ def inspect_entropy(
         set_threads(settings.threads)
         quiet_libraries()
         target, (draft_model,) = api.load(model, [draft], dtype, device)
+        from ..io.models import same_vocab
+
+        if not same_vocab(target, draft_model):
+            raise SpecdecError(f"inspect-entropy compares the draft's token distributions with the target's verdicts "
+                               f"token by token: --draft {draft} must share the target's tokenizer (int8:, bf16:, or "
+                               "a model of the same vocabulary)")
         ids = [api.encode_prompt(target, t, raw=raw, max_new_tokens=max_new_tokens) for t in texts]
         sample = entropy_stats.collect_entropies(target, draft_model, ids, window=window,
                                                  max_new_tokens=max_new_tokens, sampling=settings.sampling, seed=seed)

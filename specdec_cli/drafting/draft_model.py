@@ -32,6 +32,7 @@ class DraftModel:
         self.loaded = loaded
         self.model = loaded.model
         self.bridge = bridge
+        self.stop_ids = frozenset(getattr(loaded, "stop_ids", ()) or ()) if bridge is not None else frozenset()
         self.vocab_size = vocab_size  # the target's logit width; draft logits are cut/padded to it
         self._profile = None
         self.target_cache = None
@@ -59,7 +60,7 @@ class DraftModel:
             self._profile = None  # forward times of the path this draft now runs on (measured when first needed)
         self.cache_mode = cache.mode
         self.capacity = cache.companion_capacity() * (2 if self.bridge is not None else 1)  # its tokens may be more
-        if self.loaded.info.get("copy_of_target"):
+        if self.loaded.info.get("copy_of_target") and self.bridge is None:  # its rows are the target's rows
             self.target_cache = cache
 
     @property
@@ -184,15 +185,19 @@ def draft_chain(dm: DraftModel, tokens: list[int], k: int, cfg: SamplingConfig, 
 
 def bridged_chain(dm: DraftModel, tokens: list[int], k: int, budget=None, *, tau: float = math.inf,
                   entropies: bool = False) -> Chain:
-    """A draft of another tokenizer: its greedy chain after the target's text, as target token ids. The chain is a
-    fixed candidate (no ``q_draft``), verified by the exact tree walk: lossless greedy and sampled alike."""
+    """A draft of another tokenizer: its greedy chain after the target's text, as target token ids (each with the
+    confidence and entropy of the draft token holding its last byte). The chain is a fixed candidate (no
+    ``q_draft``), verified by the exact tree walk: lossless greedy and sampled alike."""
     context = dm.bridge.draft_context(tokens)
     if k <= 0 or not context:
         return Chain()
     own = own_chain(dm, context, k + 1, GREEDY, None, budget, tau=tau, entropies=entropies)
-    ids = dm.bridge.to_target(own.tokens)[:k]
-    n = len(ids)
-    return Chain(ids, [], own.confidences[:n], own.entropies[:n], own.cost_s)
+    stop = next((i for i, t in enumerate(own.tokens) if t in dm.stop_ids), None)
+    final = stop is not None  # the draft ends its text here: its last translated token is settled
+    ids, cover = dm.bridge.to_target(own.tokens[:stop], final=final)
+    ids, cover = ids[:k], cover[:k]
+    return Chain(ids, [], [own.confidences[j] for j in cover],
+                 [own.entropies[j] for j in cover] if own.entropies else [], own.cost_s)
 
 
 def own_chain(dm: DraftModel, tokens: list[int], k: int, cfg: SamplingConfig, generator, budget=None, *,

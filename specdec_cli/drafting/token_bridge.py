@@ -78,7 +78,26 @@ class ByteVocab:
         return b"".join(table[i] for i in ids if 0 <= i < n)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Token ids of plain text: special-token markup in it stays text (it never becomes a control token)."""
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    def leading_ids(self) -> list[int]:
+        """What the tokenizer puts before every text it encodes (a BOS token), for a draft's context."""
+        ids = list(self.tokenizer("a", add_special_tokens=True)["input_ids"])
+        return ids[:1] if len(ids) > 1 and not self.bytes[ids[0]] else []
+
+
+def _ends(vocab: ByteVocab, ids: list[int], start: int, end: int, chunk: bytes) -> list[int]:
+    """Byte offset after each of ``ids`` (the tokens of ``chunk = text[start:end]``). When their bytes are not the
+    chunk's (invalid UTF-8 replaced, a tokenizer that prepends a space marker or normalises), every token ends at
+    ``end``: the chunk then stays whole and is never cut where its bytes do not line up."""
+    if vocab.text(ids) != chunk:
+        return [end] * len(ids)
+    out, pos = [], start
+    for i in ids:
+        pos += len(vocab.bytes[i])
+        out.append(pos)
+    return out
 
 
 _VOCABS: dict[int, tuple[object, ByteVocab]] = {}
@@ -114,6 +133,7 @@ class TokenBridge:
 
     def __init__(self, target: ByteVocab, draft: ByteVocab):
         self.target, self.draft = target, draft
+        self.lead = draft.leading_ids()  # the draft's BOS, when its tokenizer starts every text with one
         self.reset()
 
     def reset(self) -> None:
@@ -125,10 +145,13 @@ class TokenBridge:
         self.settled = 0
 
     def draft_context(self, target_ids: list[int]) -> list[int]:
-        """The draft's token ids for ``target_ids``'s text (whole characters only)."""
+        """The draft's token ids for ``target_ids``'s text (whole characters only), after the draft's BOS."""
         n = self.common_prefix(target_ids)
-        if n == len(target_ids) == len(self.target_ids) and self.draft_ids:
-            return self.draft_ids
+        if not (n == len(target_ids) == len(self.target_ids) and self.draft_ids):
+            self._extend(target_ids, n)
+        return self.lead + self.draft_ids if self.draft_ids else []
+
+    def _extend(self, target_ids: list[int], n: int) -> None:
         if n < len(self.target_ids):  # a path the target did not take (auto grows chains from tree nodes)
             self.roll_back(n)
         for i in target_ids[n:]:
@@ -136,22 +159,15 @@ class TokenBridge:
             self.target_ends.append(len(self.text))
         self.target_ids = list(target_ids)
         keep = max(0, len(self.draft_ids) - SETTLE_TOKENS)
-        while keep and 0x80 <= self.text[self.ends[keep - 1]] < 0xC0:  # never cut inside a character
-            keep -= 1
+        while keep and (self.ends[keep - 1] == self.ends[keep] or 0x80 <= self.text[self.ends[keep - 1]] < 0xC0):
+            keep -= 1  # never cut inside a block of tokens that share their end, nor inside a character
         start = self.ends[keep - 1] if keep else 0
         end = whole_chars(self.text)
-        tail = self.draft.encode(self.text[start:end].decode("utf-8", errors="replace")) if end > start else []
+        chunk = self.text[start:end]
+        tail = self.draft.encode(chunk.decode("utf-8", errors="replace")) if end > start else []
         self.draft_ids = self.draft_ids[:keep] + tail
-        self.ends = self.ends[:keep]
-        pos = start
-        for i in tail:
-            pos += len(self.draft.bytes[i])
-            self.ends.append(pos)
-        if self.ends:
-            self.ends[-1] = end  # a tokenizer whose pieces do not add up to the text (normalisation) still settles
+        self.ends = self.ends[:keep] + _ends(self.draft, tail, start, end, chunk)
         self.settled = end
-        return self.draft_ids
-
     def common_prefix(self, target_ids: list[int]) -> int:
         old, n = self.target_ids, min(len(self.target_ids), len(target_ids))
         if old[:n] == target_ids[:n]:
@@ -171,20 +187,37 @@ class TokenBridge:
         self.draft_ids, self.ends = self.draft_ids[:keep], self.ends[:keep]
         self.settled = self.ends[-1] if self.ends else 0
 
-    def to_target(self, continuation: list[int], final: bool = False) -> list[int]:
-        """Target token ids for the draft's ``continuation`` (draft ids after :meth:`draft_context`'s), up to the
-        first one the text after the continuation could still change; ``final``: the draft stopped at its end of
-        sequence, so the last token is settled too."""
+    def to_target(self, continuation: list[int], final: bool = False) -> tuple[list[int], list[int]]:
+        """Target token ids for the draft's ``continuation`` (draft ids after :meth:`draft_context`'s), and for each
+        the index of the draft token that holds its last byte (for the draft's per-token scores). The last target
+        token is dropped unless ``final`` (the draft reached its end of sequence): it may still grow with the text
+        that follows."""
         new = self.draft.text(continuation)
         pending = self.text[self.settled:]  # bytes of a character the target has begun and the draft has not seen
         if not new.startswith(pending):
-            return []
+            return [], []
         new = new[len(pending):]
         last = self.target_ids[-1] if self.target_ids else None
         anchor = self.target.bytes[last] if last is not None and not pending else b""
         ids = self.target.encode(_whole(anchor + new)) if anchor else []
-        if ids[:1] == [last]:  # the target's tokenizer keeps its last token: the rest follows it
-            ids = ids[1:]
+        if ids[:1] == [last]:
+            ids = ids[1:]  # the target's tokenizer keeps its last token: the rest follows it
         else:  # no anchor, or the text merges into the target's last token, which is already emitted
             ids = self.target.encode(_whole(new))
-        return ids if final else ids[:-1]  # the last token may still grow with the text that follows
+        ids = ids if final else ids[:-1]
+        return ids, _covering(self.draft, continuation, self.target, ids, len(pending))
+
+
+def _covering(draft: ByteVocab, continuation: list[int], target: ByteVocab, ids: list[int], skip: int) -> list[int]:
+    """For each target token of ``ids``, the index of the draft token of ``continuation`` holding its last byte."""
+    draft_ends, pos = [], -skip
+    for i in continuation:
+        pos += len(draft.bytes[i])
+        draft_ends.append(pos)
+    out, pos, j = [], 0, 0
+    for i in ids:
+        pos += len(target.bytes[i])
+        while j < len(draft_ends) - 1 and draft_ends[j] < pos:
+            j += 1
+        out.append(j)
+    return out

@@ -95,9 +95,14 @@ class Hsddw(Drafter):
         bridge = self.m2.bridge  # M2 of another tokenizer than the target's: the rounds run in M2's tokens
         if bridge is None:
             return self.rounds(tokens, max_tokens)
-        own = self.rounds(bridge.draft_context(tokens), max_tokens + 1, fixed=True)
-        ids = bridge.to_target(own.tokens)[:max_tokens]
-        return Draft.chain(ids, None, own.scores[: len(ids)]) if ids else Draft()
+        context = bridge.draft_context(tokens)
+        if not context:
+            return Draft()
+        own = self.rounds(context, max_tokens + 1, fixed=True)
+        ids, cover = bridge.to_target(own.tokens)
+        ids, cover = ids[:max_tokens], cover[:max_tokens]
+        self.h2 = [self.h2[j] for j in cover]  # M2's entropy per target token, for tau2's update on a rejection
+        return Draft.chain(ids, None, [own.scores[j] for j in cover]) if ids else Draft()
 
     def rounds(self, tokens: list[int], max_tokens: int, fixed: bool = False) -> Draft:
         """Pre-verify rounds after ``tokens`` (M2's token ids); ``fixed``: a chain for another tokenizer, drawn
