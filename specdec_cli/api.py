@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from .runtime import profile as hardware
+from .runtime import profile
 from .runtime import kernels
 from .config import RunSettings, SamplingConfig
 from .engine.budget import Budget
@@ -108,8 +108,8 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     if method == "ar":  # nothing to select or gate
         mode = "paper"
     cache_mode = resolve(compile, target.model)  # the budget prices drafts with the forward times of this path
-    profile = hardware.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode == "auto" else None
-    drafter.budget = Budget(mode, profile, gate=drafter.gated_by_budget)
+    times = profile.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode == "auto" else None
+    drafter.budget = Budget(mode, times, gate=drafter.gated_by_budget)
     drafter.cache_mode = cache_mode
     return drafter
 

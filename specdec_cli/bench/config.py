@@ -36,7 +36,7 @@ class BenchConfig:
     threads: int | None = None  # torch.set_num_threads; 1 is far steadier on a busy CPU
     budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.engine.budget)
     kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
-    compile: str = "auto"  # static cache + compiled forwards: auto (on for CUDA), on, off, static (fastpath)
+    compile: str = "auto"  # static cache + compiled forwards: auto (on for CUDA), on, off, static (runtime.cache_mode)
 
     @property
     def greedy(self) -> bool:

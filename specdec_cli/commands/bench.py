@@ -63,7 +63,7 @@ def bench(
 
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
-        RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked torch-free
+        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # torch-free
         names = split_methods(methods)
         options = {**parse_opts(opt), **({"memory_dir": memory} if memory else {})}
         check_methods_and_options(names, options, compile, memory)
@@ -74,6 +74,7 @@ def bench(
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
                               datastore=list(datastore or []), window=window, options=options, threads=threads,
                               budget=budget, kernels=kernels, compile=compile)
+        cfg.settings = settings  # checked once, above
         run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
 
 
@@ -82,7 +83,7 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
     before torch is imported (an error comes in well under 1 s)."""
     from ..config import HF_BASELINES
     from ..methods import check_methods, check_options
-    from .common import check_compile
+    from ..runtime.cache_mode import check as check_compile
 
     check_methods(names, HF_BASELINES)
     check_compile(compile)

@@ -102,10 +102,3 @@ def read_stdin() -> str:
         return raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError:
         raise SpecdecError("stdin is not UTF-8 text; pipe a text prompt") from None
-
-
-def check_compile(value: str) -> None:
-    from ..runtime.cache_mode import CHOICES
-
-    if value not in CHOICES:
-        raise SpecdecError(f"unknown --compile {value!r}; choose {', '.join(CHOICES)}")

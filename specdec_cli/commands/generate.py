@@ -9,7 +9,7 @@ import typer
 
 from ..errors import SpecdecError
 from . import options as flags
-from .common import check_compile, parse_opts, quiet_libraries, read_prompts, user_errors
+from .common import parse_opts, quiet_libraries, read_prompts, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +47,8 @@ def generate(
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
         from ..config import RunSettings, SamplingConfig
-        from ..methods import check_methods, check_options, precheck_datastore
+        from ..methods import check_methods, check_options
+        from ..runtime.cache_mode import check as check_compile
 
         prompts = read_prompts(prompt, batch_file)
         settings = RunSettings(max_new_tokens, SamplingConfig(temperature, top_p, top_k), seed, window, budget, threads)
@@ -58,12 +59,7 @@ def generate(
             raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
         check_options([method], options)
         stores = list(datastore or [])
-        opened = precheck_datastore(method, stores)  # each store opened once, handed to the method
-        quiet_libraries()
-        if stores:  # a store of another tokenizer: said before the weights load (the tokenizer alone is cheap)
-            from ..datastore import check_stores_tokenizer
-
-            check_stores_tokenizer(stores, model)
+        opened = open_stores(method, stores, model)
         from .. import api
         from ..runtime.machine import set_threads
 
@@ -71,11 +67,25 @@ def generate(
         target, draft_models = api.load(model, list(draft or []), dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
         drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,
-                                   compile=compile, opened=opened)
+                                   compile=compile, opened=opened, check=False)  # options checked above
         meta = {"model": model, "method": method, "drafts": list(draft or [])}
         for i, ids in enumerate(encoded):
             answer(api, target, ids, drafter, settings, i, meta if as_json else None)
         drafter.finish()
+
+
+def open_stores(method: str, stores: list[str], model: str) -> dict:
+    """Each --datastore opened once (handed to the method), of the method's kind and of the model's tokenizer --
+    said before the weights load (the tokenizer alone is cheap)."""
+    from ..methods import precheck_datastore
+
+    opened = precheck_datastore(method, stores)
+    quiet_libraries()
+    if stores:
+        from ..datastore import check_stores_tokenizer
+
+        check_stores_tokenizer(stores, model)
+    return opened
 
 
 def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory: Optional[str]) -> dict[str, str]:

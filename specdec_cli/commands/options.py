@@ -36,8 +36,8 @@ DTYPE = typer.Option("auto", "--dtype", help="auto (float32 on CPU, bfloat16 on 
 DEVICE = typer.Option("auto", "--device", help="auto (device_map=auto over GPUs, else CPU), cpu, cuda, cuda:N")
 THREADS = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)")
 BUDGET = typer.Option("auto", "--budget", help=BUDGET_HELP)
-KERNELS = typer.Option("auto", "--kernels", help="target's CPU linear kernels: auto (measured per row count, cached) "
-                       "or torch (PyTorch's own)")
+KERNELS = typer.Option("auto", "--kernels", help="CPU linear kernels of the target and of drafts that are models of "
+                       "their own: auto (measured per row count, cached) or torch (PyTorch's own)")
 COMPILE = typer.Option("auto", "--compile", help="static KV cache and compiled forwards (CUDA graphs on a GPU): auto "
                        "(on for CUDA, off on the CPU, where it measured slower), on, off, or static (the static cache "
                        "without compiling)")

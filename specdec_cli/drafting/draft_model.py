@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..runtime import forward as engine
+from ..runtime import forward
 from ..runtime import kvcache
 from ..runtime.cache_mode import CacheMode
-from ..engine.sampling import SamplingConfig, entropy, logits_to_probs, sample
-from ..engine.trees import Draft
+from ..forward.sampling import SamplingConfig, entropy, logits_to_probs, sample
+from ..forward.trees import Draft
 
 GREEDY = SamplingConfig()
 
@@ -42,7 +42,7 @@ class DraftModel:
             _ = self.profile
 
     def reset(self) -> None:
-        self.cache = engine.new_cache(self.model, self.capacity, self.cache_mode, slot=f"draft-{id(self)}")
+        self.cache = forward.new_cache(self.model, self.capacity, self.cache_mode, slot=f"draft-{id(self)}")
         self.seen: list[int] = []  # tokens whose keys/values are in the cache
         self.exact = 0  # how many of them hold the target's own keys/values (copied from its cache)
         self.fed = 0  # tokens fed by the last logits_after
@@ -91,11 +91,11 @@ class DraftModel:
             common += 1
         if self.target_cache is not None:  # the target's states beat our own approximations of them
             common = min(common, self.exact)
-            ready = min(len(tokens) - feed, engine.cache_len(self.target_cache))
+            ready = min(len(tokens) - feed, forward.cache_len(self.target_cache))
             if ready > common and self.cache.copy_prefix(self.target_cache, common, ready, self.model.dtype):
                 common = self.exact = ready
                 self.seen = list(tokens[:ready])
-        engine.crop(self.cache, common)
+        forward.crop(self.cache, common)
         return common
 
     def prefill(self, prompt: list[int], now: bool = True) -> None:
@@ -106,14 +106,14 @@ class DraftModel:
         if self.bridge is not None:
             prompt = self.bridge.draft_context(prompt) if now else prompt
         if now and len(prompt) > 1 and self.target_cache is None:
-            engine.forward_chain(self.model, self.cache, prompt[:-1], keep=0)
+            forward.forward_chain(self.model, self.cache, prompt[:-1], keep=0)
             self.seen = list(prompt[:-1])
 
     def logits_rows(self, tokens: list[int], rows: int) -> torch.Tensor:
         """Logits of the last ``rows`` positions of ``tokens`` (``[rows, V]``), feeding what the cache lacks."""
         common = self.sync(tokens, rows)
         self.fed = len(tokens) - common
-        logits = engine.forward_chain(self.model, self.cache, tokens[common:], keep=rows)
+        logits = forward.forward_chain(self.model, self.cache, tokens[common:], keep=rows)
         self.seen = list(tokens)
         return self.fit_vocab(logits).cpu()
 
@@ -123,7 +123,7 @@ class DraftModel:
 
     def step(self, token: int) -> torch.Tensor:
         """Feed one more token; returns the logits after it."""
-        logits = engine.forward_chain(self.model, self.cache, [token], keep=1)
+        logits = forward.forward_chain(self.model, self.cache, [token], keep=1)
         self.seen.append(token)
         return self.fit_vocab(logits[-1]).cpu()
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ..runtime import forward as engine
+from ..runtime import forward
 from ..runtime.cache_mode import CacheMode
 from . import metrics
 from .budget import Budget
@@ -43,7 +43,7 @@ class Outcome:
 class Drafter:
     """Base drafter: proposes nothing (that is autoregressive decoding).
 
-    ``budget`` decides how much of each draft is verified (``specdec_cli.engine.budget``); model drafters also ask it
+    ``budget`` decides how much of each draft is verified (``specdec_cli.forward.budget``); model drafters also ask it
     whether one more draft token is worth a draft-model forward. Without one, drafts are verified whole.
     """
 
@@ -172,11 +172,11 @@ def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int
     budget = drafter.budget
     vocab = vocab_size(target)
     t_start = time.perf_counter()
-    cache = engine.new_cache(target, len(prompt) + max_new_tokens + 8, cache_mode)
+    cache = forward.new_cache(target, len(prompt) + max_new_tokens + 8, cache_mode)
     max_nodes = cache.max_draft_nodes  # a static cache: the root and the draft fill one bucket
     tokens = list(prompt)
     if len(tokens) > 1:
-        engine.forward_chain(target, cache, tokens[:-1], keep=0)
+        forward.forward_chain(target, cache, tokens[:-1], keep=0)
     budget.start(sampled=not sampling.greedy)
     drafter.use_target_cache(cache)
     drafter.start(list(prompt), sampling, generator)
@@ -192,12 +192,12 @@ def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int
         draft = fit_draft(plan.draft, max_nodes, vocab, drafter.name)
         t1 = time.perf_counter()
         prefix_len = len(tokens) - 1
-        logits = engine.forward_tree(target, cache, tokens[-1], draft.tokens, draft.parents)
+        logits = forward.forward_tree(target, cache, tokens[-1], draft.tokens, draft.parents)
         if draft.q_draft is not None:
             path, nxt = verify_rejection(logits, draft.tokens, draft.q_draft, sampling, generator)
         else:
             path, nxt = verify_tree(logits, draft.tokens, draft.parents, sampling, generator)
-        engine.keep(cache, prefix_len, [0] + [i + 1 for i in path])
+        forward.keep(cache, prefix_len, [0] + [i + 1 for i in path])
         t2 = time.perf_counter()
         budget.observe(plan, path, draft.cost_s if not budget.draft_cost else t1 - t0, drafting)
         accepted = [draft.tokens[i] for i in path]

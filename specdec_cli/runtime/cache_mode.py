@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..errors import SpecdecError
+
 CHOICES = ("auto", "on", "off", "static")
 
 
@@ -28,15 +30,19 @@ class CacheMode(Enum):
         return self is CacheMode.COMPILED
 
 
+def check(choice: str | CacheMode) -> None:
+    """A ``--compile`` value this resolves (the one check of it; torch-free, so the CLI makes it before loading)."""
+    if not isinstance(choice, CacheMode) and choice not in CHOICES:
+        raise SpecdecError(f"unknown --compile {choice!r}; choose {', '.join(CHOICES)}")
+
+
 def resolve(choice: str | CacheMode, model) -> CacheMode:
     """``--compile`` -> the :class:`CacheMode` (a mode already resolved is returned as is). ``auto`` compiles for
     CUDA; on the CPU it stays eager, where the static path measured slower than the growing cache (docs/gpu.md)."""
+    check(choice)
     if isinstance(choice, CacheMode):
         return choice
     if choice == "auto":
         on_cuda = model.get_input_embeddings().weight.device.type == "cuda"
         return CacheMode.COMPILED if on_cuda else CacheMode.EAGER
-    modes = {"on": CacheMode.COMPILED, "off": CacheMode.EAGER, "static": CacheMode.STATIC}
-    if choice not in modes:
-        raise ValueError(f"unknown --compile {choice!r}; choose {', '.join(CHOICES)}")
-    return modes[choice]
+    return {"on": CacheMode.COMPILED, "off": CacheMode.EAGER, "static": CacheMode.STATIC}[choice]

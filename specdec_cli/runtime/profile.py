@@ -111,25 +111,25 @@ def _tree(n_draft: int) -> list[int]:
 def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode = CacheMode.EAGER) -> Profile:
     """Forward times for ``points`` query sizes after ``context`` cached tokens, on the engine path ``cache_mode``
     (with the static cache every size is timed as the bucket it pads to -- compiled ones compile here, once)."""
-    from . import forward as engine
+    from . import forward
 
     t_start = time.perf_counter()
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (context + max(points) + 1,), generator=gen).tolist()
-    cache = engine.new_cache(model, context + max(points) + 8, cache_mode)
-    engine.forward_chain(model, cache, ctx[:context], keep=0)
+    cache = forward.new_cache(model, context + max(points) + 8, cache_mode)
+    forward.forward_chain(model, cache, ctx[:context], keep=0)
 
-    device = engine.input_device(model)
+    device = forward.input_device(model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def once(n: int) -> float:
         sync()
         t0 = time.perf_counter()
-        engine.forward_tree(model, cache, ctx[context], ctx[context + 1: context + n], _tree(n - 1))
+        forward.forward_tree(model, cache, ctx[context], ctx[context + 1: context + n], _tree(n - 1))
         sync()
         spent = time.perf_counter() - t0
-        engine.crop(cache, context)
+        forward.crop(cache, context)
         return spent
 
     once(4)  # warm-up: allocations, first-use kernel selection
