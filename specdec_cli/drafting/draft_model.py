@@ -18,8 +18,8 @@ import torch
 from ..runtime import forward
 from ..runtime import kvcache
 from ..runtime.cache_mode import CacheMode
-from ..forward.sampling import SamplingConfig, entropy, logits_to_probs, sample
-from ..forward.trees import Draft
+from ..engine.sampling import SamplingConfig, entropy, logits_to_probs, sample
+from ..engine.trees import Draft
 
 GREEDY = SamplingConfig()
 

@@ -43,7 +43,7 @@ class Outcome:
 class Drafter:
     """Base drafter: proposes nothing (that is autoregressive decoding).
 
-    ``budget`` decides how much of each draft is verified (``specdec_cli.forward.budget``); model drafters also ask it
+    ``budget`` decides how much of each draft is verified (``specdec_cli.engine.budget``); model drafters also ask it
     whether one more draft token is worth a draft-model forward. Without one, drafts are verified whole.
     """
 
