@@ -3,7 +3,8 @@ acceptance of the draft's chain per position (sd, --budget paper: a fixed window
 
     python scripts/draft_acceptance.py --model gemma3-270m --draft smollm2-135m --prompts mt-bench --limit 8
 
-Acceptance at position i = P(draft token i accepted | tokens 1..i-1 accepted and token i drafted).
+Accepted through position i = P(draft tokens 1..i all accepted | token i drafted); the conditional acceptance of
+position i is its ratio to position i-1's.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main() -> None:
         "target": args.model, "draft": args.draft, "prompts": f"{args.prompts} x{args.limit}",
         "target_step_ms": round(1000 * t_target(1), 2), "draft_step_ms": round(1000 * t_draft(1), 2),
         "draft_over_target": round(t_draft(1) / t_target(1), 3),
-        "acceptance_by_position": [round(k / r, 3) if r else None for k, r in zip(kept, reached)],
+        "accepted_through_position": [round(k / r, 3) if r else None for k, r in zip(kept, reached)],
         "drafted_by_position": reached,
     }))
 
