@@ -103,8 +103,8 @@ class DraftModel:
         per generation, with the target's prefill, instead of inside the first drafting step. With ``now=False``
         (the budget will not draft soon) nothing is fed: a later draft catches up if it ever comes."""
         self.reset()
-        if self.bridge is not None:
-            prompt = self.bridge.draft_context(prompt) if now else prompt
+        if now and self.bridge is not None:
+            prompt = self.bridge.draft_context(prompt)
         if now and len(prompt) > 1 and self.target_cache is None:
             forward.forward_chain(self.model, self.cache, prompt[:-1], keep=0)
             self.seen = list(prompt[:-1])
@@ -120,6 +120,14 @@ class DraftModel:
     def logits_after(self, tokens: list[int]) -> torch.Tensor:
         """Next-token logits ``[V]`` after ``tokens``; the cache ends up holding all of ``tokens``."""
         return self.logits_rows(tokens, 1)[-1]
+
+    def translate(self, own_tokens: list[int], k: int) -> tuple[list[int], list[int]]:
+        """A chain of this draft's own tokens (after :meth:`TokenBridge.draft_context`'s) as at most ``k`` token ids
+        of the model it drafts for, and for each the index of the own token holding its last byte. The chain ends at
+        the draft's end of text, which settles its last translated token."""
+        stop = next((i for i, t in enumerate(own_tokens) if t in self.stop_ids), None)
+        ids, cover = self.bridge.to_target(own_tokens[:stop], final=stop is not None)
+        return ids[:k], cover[:k]
 
     def step(self, token: int) -> torch.Tensor:
         """Feed one more token; returns the logits after it."""
@@ -192,10 +200,7 @@ def bridged_chain(dm: DraftModel, tokens: list[int], k: int, budget=None, *, tau
     if k <= 0 or not context:
         return Chain()
     own = own_chain(dm, context, k + 1, GREEDY, None, budget, tau=tau, entropies=entropies)
-    stop = next((i for i, t in enumerate(own.tokens) if t in dm.stop_ids), None)
-    final = stop is not None  # the draft ends its text here: its last translated token is settled
-    ids, cover = dm.bridge.to_target(own.tokens[:stop], final=final)
-    ids, cover = ids[:k], cover[:k]
+    ids, cover = dm.translate(own.tokens, k)
     return Chain(ids, [], [own.confidences[j] for j in cover],
                  [own.entropies[j] for j in cover] if own.entropies else [], own.cost_s)
 

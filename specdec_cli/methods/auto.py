@@ -200,8 +200,8 @@ class AutoDrafter(Drafter):
             cost += dm.profile(1)
             logits = dm.step(x)
         if bridge is not None:
-            chain, cover = bridge.to_target(chain)
-            chain, scores = chain[:room], [scores[j] for j in cover[:room]]
+            chain, cover = dm.translate(chain, room)
+            scores = [scores[j] for j in cover]
         return chain, scores, cost
 
     # -- learning -------------------------------------------------------------------------------------------------

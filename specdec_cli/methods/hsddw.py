@@ -64,19 +64,19 @@ class Hsddw(Drafter):
         self.m1.use_target_cache(cache)
         self.m2.use_target_cache(cache)
 
-    def pre_verify_round(self, prefix: list[int], room: int):
+    def pre_verify_round(self, prefix: list[int], room: int, cfg):
         """One M1 draft + M2 pre-verify round; returns the emitted tokens (at most ``room``), their q2 rows
         (sampling only), M2's confidences and entropies. The drafted tokens ride along in the same M2 forward, so
         pre-verification costs a single M2 forward per round."""
-        chain = draft_chain(self.m1, prefix, min(self.window, room), self.cfg, self.generator,
+        chain = draft_chain(self.m1, prefix, min(self.window, room), cfg, self.generator,
                             tau=self.tau1.value, entropies=True)
         xs = chain.tokens
         logits2 = self.m2.logits_rows(prefix + xs, len(xs) + 1)
         q1 = torch.stack(chain.q_rows) if chain.q_rows else None
         if q1 is None:  # a fixed chain (greedy, or M1 of another tokenizer): M2's exact walk along it
-            path, y = verify_tree(logits2, xs, chain_parents(len(xs)), self.cfg, self.generator)
+            path, y = verify_tree(logits2, xs, chain_parents(len(xs)), cfg, self.generator)
         else:
-            path, y = verify_rejection(logits2, xs, q1, self.cfg, self.generator)
+            path, y = verify_rejection(logits2, xs, q1, cfg, self.generator)
         n = len(path)
         self.m1_drafted += len(xs)
         self.m1_accepted += n
@@ -86,36 +86,26 @@ class Hsddw(Drafter):
             self.tau1.reject(chain.entropies[n])
         emitted = (xs[:n] + [y])[:room]
         rows = logits2[: len(emitted)]
-        q2 = None if self.cfg.greedy else logits_to_probs(rows, self.cfg)
+        q2 = None if cfg.greedy else logits_to_probs(rows, cfg)
         conf = [confidence(row) if q2 is None else float(q2[i].max()) for i, row in enumerate(rows)]
-        h2 = [confidence_entropy(row, None if q2 is None else q2[i], self.cfg) for i, row in enumerate(rows)]
+        h2 = [confidence_entropy(row, None if q2 is None else q2[i], cfg) for i, row in enumerate(rows)]
         return emitted, q2, conf, h2
 
     def propose(self, tokens: list[int], max_tokens: int) -> Draft:
         bridge = self.m2.bridge  # M2 of another tokenizer than the target's: the rounds run in M2's tokens
         if bridge is None:
-            return self.rounds(tokens, max_tokens)
+            return self.rounds(tokens, max_tokens, self.cfg)
         context = bridge.draft_context(tokens)
         if not context:
             return Draft()
-        own = self.rounds(context, max_tokens + 1, fixed=True)
-        ids, cover = bridge.to_target(own.tokens)
-        ids, cover = ids[:max_tokens], cover[:max_tokens]
+        own = self.rounds(context, max_tokens + 1, GREEDY)  # a fixed chain: the target walks it exactly
+        ids, cover = self.m2.translate(own.tokens, max_tokens)
         self.h2 = [self.h2[j] for j in cover]  # M2's entropy per target token, for tau2's update on a rejection
         return Draft.chain(ids, None, [own.scores[j] for j in cover]) if ids else Draft()
 
-    def rounds(self, tokens: list[int], max_tokens: int, fixed: bool = False) -> Draft:
-        """Pre-verify rounds after ``tokens`` (M2's token ids); ``fixed``: a chain for another tokenizer, drawn
-        greedily (the target verifies it by the exact tree walk)."""
-        cfg = self.cfg
-        if fixed:
-            self.cfg = GREEDY
-        try:
-            return self._rounds(tokens, max_tokens)
-        finally:
-            self.cfg = cfg
-
-    def _rounds(self, tokens: list[int], max_tokens: int) -> Draft:
+    def rounds(self, tokens: list[int], max_tokens: int, cfg) -> Draft:
+        """Pre-verify rounds after ``tokens`` (M2's token ids), sampling with ``cfg`` (greedy for a chain that
+        another tokenizer's target verifies by the exact tree walk)."""
         cap = min(self.max_draft, max_tokens)
         chain: list[int] = []
         rows: list[torch.Tensor] = []
@@ -123,7 +113,7 @@ class Hsddw(Drafter):
         self.h2 = []
         path_prob = 1.0
         while len(chain) < cap:
-            emitted, q2, conf, h2 = self.pre_verify_round(tokens + chain, cap - len(chain))
+            emitted, q2, conf, h2 = self.pre_verify_round(tokens + chain, cap - len(chain), cfg)
             chain += emitted
             if q2 is not None:
                 rows.append(q2)
