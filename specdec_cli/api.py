@@ -22,11 +22,12 @@ from .config import RunSettings, SamplingConfig
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
+from .engine.batch import generate_batch
 from .errors import SpecdecError
 from .methods import METHODS, MethodContext, build_drafter, check_options
 from .io.models import LoadedModel, load_draft, load_model
 
-__all__ = ["load", "encode_prompt", "make_drafter", "run", "decode", "METHODS", "RunSettings", "SamplingConfig",
+__all__ = ["load", "encode_prompt", "make_drafter", "make_drafters", "run", "run_batch", "decode", "METHODS", "RunSettings", "SamplingConfig",
            "SpecdecError"]
 
 
@@ -126,6 +127,29 @@ def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, settings: 
     return generate(target.model, prompt_ids, drafter, max_new_tokens=settings.max_new_tokens,
                     sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids, on_tokens=on_tokens,
                     cache_mode=cache_mode)
+
+
+def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
+                  count: int = 1, **kwargs) -> list[Drafter]:
+    """``count`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`; what one
+    learns about the run's outputs (``auto``'s memory) the others share."""
+    if count < 1:
+        raise SpecdecError(f"--batch-size must be at least 1, got {count}")
+    first = make_drafter(method, target, drafts, settings, **kwargs)
+    others = [make_drafter(method, target, drafts, settings, **kwargs) for _ in range(count - 1)]
+    for drafter in others:
+        drafter.share_with(first)
+    return [first, *others]
+
+
+def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Drafter],
+              settings: RunSettings | None = None, *, on_result=None, on_step=None, **values) -> list[GenerationResult]:
+    """Every prompt, up to ``len(drafters)`` decoding together (:mod:`specdec_cli.engine.batch`): one target forward
+    per step for the whole batch. ``on_result(index, result)`` as each prompt finishes; results in input order."""
+    settings = settings or RunSettings(**values)
+    return generate_batch(target.model, prompts, drafters, max_new_tokens=settings.max_new_tokens,
+                          sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids,
+                          on_result=on_result, on_step=on_step)
 
 
 def decode(target: LoadedModel, tokens: list[int]) -> str:

@@ -22,7 +22,7 @@ from ..runtime.cache_mode import CacheMode
 from . import metrics
 from .budget import Budget
 from ..errors import SpecdecError
-from .sampling import SamplingConfig
+from .sampling import Draws, SamplingConfig
 from .trees import Draft
 from .verify import verify_rejection, verify_tree
 
@@ -76,6 +76,10 @@ class Drafter:
         """Called before ``start`` with the target's KV cache of this generation (it holds ``tokens[:-1]`` between
         steps; ``cache.mode`` is the generation's engine path). Drafters whose draft model is a copy of the target
         read their prefix states from it; draft models follow it onto the target's path."""
+
+    def share_with(self, first: "Drafter") -> None:
+        """Another slot's drafter in a batch (``api.make_drafters``): share with ``first`` what is learnt about the
+        run's outputs, so every slot benefits (``auto``: its memory of outputs)."""
 
     def stats(self) -> dict:
         """Method-specific statistics for the whole generation (merged into the result's stats)."""
@@ -169,6 +173,7 @@ def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int
     ``cache_mode``: ``EAGER`` (growing cache), ``STATIC`` (static cache, bucketed forwards) or ``COMPILED`` (the
     same, compiled: CUDA graphs on a GPU) -- :mod:`specdec_cli.runtime.cache_mode`. The output is the same."""
     generator = torch.Generator().manual_seed(seed)
+    draws = Draws(seed)  # tree verification draws position by position (the same in a batch: engine.batch)
     budget = drafter.budget
     vocab = vocab_size(target)
     t_start = time.perf_counter()
@@ -196,7 +201,7 @@ def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int
         if draft.q_draft is not None:
             path, nxt = verify_rejection(logits, draft.tokens, draft.q_draft, sampling, generator)
         else:
-            path, nxt = verify_tree(logits, draft.tokens, draft.parents, sampling, generator)
+            path, nxt = verify_tree(logits, draft.tokens, draft.parents, sampling, generator, draws, len(tokens))
         forward.keep(cache, prefix_len, [0] + [i + 1 for i in path])
         t2 = time.perf_counter()
         budget.observe(plan, path, draft.cost_s if not budget.draft_cost else t1 - t0, drafting)

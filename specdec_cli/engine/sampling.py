@@ -49,5 +49,18 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
 
 
+class Draws:
+    """Random draws keyed by (seed, position): the token at position ``t`` of a sequence is drawn with
+    :meth:`at` ``(t)``, however the steps that reach ``t`` were cut -- so a sampled sequence is the same whether it
+    decodes alone or in a batch, with any batch size, and (for drafts fixed before the target draws) whatever was
+    drafted. Each position has its own stream: the draws stay independent."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def at(self, position: int) -> torch.Generator:
+        return torch.Generator().manual_seed((self.seed * 0x9E3779B1 + position * 0x85EBCA77 + 1) % (1 << 63))
+
+
 def uniform(generator: torch.Generator | None) -> float:
     return float(torch.rand(1, generator=generator))

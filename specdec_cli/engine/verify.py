@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import SamplingConfig, logits_to_probs, pick, sample, uniform
+from .sampling import Draws, SamplingConfig, logits_to_probs, pick, sample, uniform
 from .trees import chain_parents, children
 
 
@@ -24,13 +24,18 @@ def verify_tree(
     parents: list[int],
     cfg: SamplingConfig,
     generator: torch.Generator | None,
+    draws: Draws | None = None,
+    position: int = 0,
 ) -> tuple[list[int], int]:
-    """Returns ``(path, next_token)``: accepted node indices from the root down, and the token drawn after them."""
+    """Returns ``(path, next_token)``: accepted node indices from the root down, and the token drawn after them.
+    With ``draws``, the token for sequence position ``position + depth`` is drawn by ``draws.at`` of that position
+    (``position``: where the root's successor goes) instead of from ``generator``."""
     kids = children(tokens, parents)
     path: list[int] = []
     node = -1
     while True:
-        y = pick(logits[node + 1], cfg, generator)
+        gen = draws.at(position + len(path)) if draws is not None and not cfg.greedy else generator
+        y = pick(logits[node + 1], cfg, gen)
         child = kids.get(node, {}).get(y)
         if child is None:
             return path, y

@@ -68,6 +68,14 @@ class AutoDrafter(Drafter):
         for dm in self.models:
             dm.use_target_cache(cache)
 
+    def share_with(self, first) -> None:
+        if self.memory is None or getattr(first, "memory", None) is None:
+            return
+        for source in self.sources:
+            if isinstance(source, MemorySource):
+                source.memory = first.memory
+        self.memory, self.memory_dir = first.memory, None  # the first drafter saves it
+
     def finish(self) -> None:
         for source in self.sources:
             if isinstance(source, MemorySource):

@@ -1,0 +1,239 @@
+"""One KV cache for several sequences that decode together: per-row lengths, one forward per step.
+
+Row ``b`` of every layer's buffer (``[rows, heads, capacity, dim]``) holds sequence ``b``'s keys and values; the
+rows' lengths differ (ragged batches). A batched forward feeds ``S`` query positions per row -- the root and that
+row's draft tree, padded to the widest row -- and each row's new entries are written at *its own* length
+(``positions[b] = length[b] + 0..S-1``), so nothing is ever shifted or re-padded. Attention reads the columns
+``[0, max length + S)`` of every row; :func:`batch_mask` shows each query the columns of its own prefix and its own
+tree ancestors (and, in sliding-window layers, only those within the window), so the stale or padding entries
+beyond a row's length are never seen. Buffers start zeroed: a masked entry is always a finite number.
+
+Rows come and go (:meth:`BatchCache.load_row` copies a prompt's prefill from a one-sequence cache into a free row;
+:meth:`BatchCache.select_rows` drops finished rows when no prompt is waiting), and an accepted tree path is kept
+per row with one indexed copy per layer for the whole batch (:meth:`BatchCache.keep_paths`).
+
+:class:`RowView` shows one row as a one-sequence cache, for the drafters that read the target's cache (draft
+models that are copies of the target).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from . import kernels
+from .cache_mode import CacheMode
+from .masks import layer_windows
+
+
+class BatchLayer(DynamicLayer):
+    """One decoder layer's keys and values for every row; writes land at each row's own length."""
+
+    def __init__(self, owner: "BatchCache"):
+        super().__init__()
+        self.owner = owner
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def allocate(self, heads: int, dim: int, dtype: torch.dtype, device) -> None:
+        shape = (self.owner.rows, heads, self.owner.capacity, dim)
+        self._k = torch.zeros(shape, dtype=dtype, device=device)
+        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        self.dtype, self.device, self.is_initialized = dtype, device, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.allocate(key_states.shape[1], key_states.shape[-1], key_states.dtype, key_states.device)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self._k is None:
+            self.lazy_initialization(key_states, value_states)
+        self.fit()
+        rows, pos = self.owner.write_index
+        self._k[rows, :, pos] = key_states.transpose(1, 2).to(self._k.dtype)
+        self._v[rows, :, pos] = value_states.transpose(1, 2).to(self._v.dtype)
+        end = self.owner.write_end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def fit(self) -> None:
+        """Grow the buffers (zero-filled) to the owner's capacity."""
+        if self._k is not None and self._k.shape[2] < self.owner.capacity:
+            for name in ("_k", "_v"):
+                old = getattr(self, name)
+                new = old.new_zeros((*old.shape[:2], self.owner.capacity, old.shape[-1]))
+                new[:, :, : old.shape[2]] = old
+                setattr(self, name, new)
+
+    def take_rows(self, index: torch.Tensor) -> None:
+        if self._k is not None:
+            self._k, self._v = self._k[index].contiguous(), self._v[index].contiguous()
+
+    def get_seq_length(self) -> int:
+        return self.owner.max_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.max_length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class BatchCache(Cache):
+    """KV cache of ``rows`` sequences (see the module doc). ``lengths[b]``: entries row ``b`` holds."""
+
+    mode = CacheMode.EAGER
+
+    def __init__(self, model, rows: int, capacity: int):
+        self.rows, self.capacity = int(rows), int(capacity)
+        self.lengths = [0] * self.rows
+        self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.write_end = 0
+        n_layers = len(layer_windows(model.config)) or model.config.get_text_config().num_hidden_layers
+        super().__init__(layers=[BatchLayer(self) for _ in range(n_layers)])
+
+    @property
+    def max_length(self) -> int:
+        return max(self.lengths, default=0)
+
+    def nbytes(self) -> int:
+        return sum(2 * layer._k.numel() * layer._k.element_size() for layer in self.layers if layer._k is not None)
+
+    def reserve(self, needed: int) -> None:
+        if needed > self.capacity:
+            self.capacity = max(needed, 2 * self.capacity)
+
+    # -- rows come and go ----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def load_row(self, row: int, src: Cache, length: int) -> None:
+        """Row ``row`` becomes the first ``length`` entries of the one-sequence cache ``src`` (a prompt's prefill)."""
+        self.reserve(length + 1)
+        for dst, layer in zip(self.layers, src.layers):
+            if length == 0:
+                break
+            keys, values = layer.keys[0, :, :length], layer.values[0, :, :length]
+            if dst._k is None:
+                dst.allocate(keys.shape[0], keys.shape[-1], keys.dtype, keys.device)
+            dst.fit()
+            dst._k[row, :, :length] = keys
+            dst._v[row, :, :length] = values
+        self.lengths[row] = length
+
+    def select_rows(self, keep: list[int]) -> None:
+        """Keep only rows ``keep`` (in that order): finished sequences leave when no prompt waits for their row."""
+        index = torch.tensor(keep, dtype=torch.long)
+        for layer in self.layers:
+            layer.take_rows(index)
+        self.lengths = [self.lengths[r] for r in keep]
+        self.rows = len(keep)
+
+    # -- a step ----------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """One forward over every row: ``drafts[b] = (tokens, parents)`` -- the root followed by row ``b``'s draft
+        tree (``parents`` for the draft nodes). Returns float32 logits ``[len(tokens), V]`` per row."""
+        width = max(len(tokens) for tokens, _ in drafts)
+        dev = model.get_input_embeddings().weight.device
+        starts = torch.tensor(self.lengths, dtype=torch.long)
+        ids = torch.zeros((self.rows, width), dtype=torch.long)
+        real = torch.zeros((self.rows, width), dtype=torch.bool)
+        anc = torch.eye(width, dtype=torch.bool).repeat(self.rows, 1, 1)
+        depth = torch.arange(width).repeat(self.rows, 1)
+        for b, (tokens, parents) in enumerate(drafts):
+            n = len(tokens)
+            ids[b, :n] = torch.tensor(tokens)
+            real[b, :n] = True
+            for i, p in enumerate(parents, start=1):
+                anc[b, i] |= anc[b, p + 1]
+                depth[b, i] = depth[b, p + 1] + 1
+        self.reserve(self.max_length + width)
+        q_pos = starts[:, None] + depth
+        self.write_index = (torch.arange(self.rows)[:, None].to(dev), (starts[:, None] + torch.arange(width)).to(dev))
+        self.write_end = self.max_length + width
+        masks = self.masks(model, starts, anc, q_pos, self.write_end)
+        with kernels.active():
+            out = model(input_ids=ids.to(dev), past_key_values=self, use_cache=True, position_ids=q_pos.to(dev),
+                        attention_mask=masks, logits_to_keep=real.to(dev))
+        for b, (tokens, _) in enumerate(drafts):
+            self.lengths[b] += width  # every row wrote ``width`` entries; keep_paths cuts them back
+        self.pending = starts.tolist()
+        return list(out.logits.float().split(real.sum(1).tolist()))
+
+    def masks(self, model, starts, anc, q_pos, end: int):
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        types, window = getattr(cfg, "layer_types", None), getattr(cfg, "sliding_window", None)
+        dev = model.get_input_embeddings().weight.device
+        if not (types and window and "sliding_attention" in types):
+            return batch_mask(starts, anc, q_pos, end, None, model.dtype).to(dev)
+        return {kind: batch_mask(starts, anc, q_pos, end, window if kind == "sliding_attention" else None,
+                                 model.dtype).to(dev) for kind in sorted(set(types))}
+
+    @torch.inference_mode()
+    def keep_paths(self, paths: list[list[int]]) -> None:
+        """After :meth:`forward`: row ``b`` keeps its prefix plus its query rows ``paths[b]`` (ascending; 0 is the
+        root), moved down to follow the prefix -- one indexed copy per layer for the whole batch."""
+        moved = [(b, start + i, start + r) for b, (start, rows) in enumerate(zip(self.pending, paths))
+                 for i, r in enumerate(rows) if r != i]
+        self.lengths = [start + len(rows) for start, rows in zip(self.pending, paths)]
+        if not moved:
+            return
+        b, dst, src = (torch.tensor(col, dtype=torch.long) for col in zip(*moved))
+        for layer in self.layers:
+            if layer._k is None:
+                continue
+            for buf in (layer._k, layer._v):
+                buf[b, :, dst] = buf[b, :, src]
+
+
+def batch_mask(starts: torch.Tensor, anc: torch.Tensor, q_pos: torch.Tensor, end: int, window: int | None,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``[rows, 1, width, end]``: query ``i`` of row ``b`` sees column ``c`` when ``c`` is in the
+    row's prefix (``c < starts[b]``) or holds one of its tree ancestors (itself included); with a ``window``, only
+    keys less than ``window`` positions before it. Same rule as :func:`specdec_cli.runtime.masks.tree_mask`."""
+    rows, width, _ = anc.shape
+    columns = torch.arange(end)
+    rel = columns[None, :] - starts[:, None]  # [rows, end]: the query row a column holds, when in [0, width)
+    in_tree = (rel >= 0) & (rel < width)
+    at = rel.clamp(0, width - 1)
+    visible = (rel < 0)[:, None, :] | (torch.gather(anc, 2, at[:, None, :].expand(rows, width, end))
+                                       & in_tree[:, None, :])
+    if window:
+        k_pos = torch.where(in_tree, torch.gather(q_pos, 1, at), columns[None, :])
+        visible = visible & ((q_pos[:, :, None] - k_pos[:, None, :]) < window)
+    return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
+
+
+class RowView:
+    """Row ``row`` of a :class:`BatchCache` as a one-sequence cache (``length``, ``layers[i].keys``/``values``,
+    ``mode``, ``companion_capacity``): what a draft model that copies the target's states reads."""
+
+    mode = CacheMode.EAGER
+
+    def __init__(self, cache: BatchCache, row: int):
+        self.cache, self.row = cache, row
+        self.layers = [_RowLayer(self, layer) for layer in cache.layers]
+
+    @property
+    def length(self) -> int:
+        return self.cache.lengths[self.row] if self.row < self.cache.rows else 0
+
+    def companion_capacity(self) -> int:
+        from .kvcache import MIN_CAPACITY
+
+        return MIN_CAPACITY
+
+
+class _RowLayer:
+    def __init__(self, view: RowView, layer: BatchLayer):
+        self.view, self.layer = view, layer
+
+    @property
+    def keys(self):
+        k = self.layer._k
+        return None if k is None else k[self.view.row: self.view.row + 1, :, : self.view.length]
+
+    @property
+    def values(self):
+        v = self.layer._v
+        return None if v is None else v[self.view.row: self.view.row + 1, :, : self.view.length]
