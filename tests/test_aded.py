@@ -178,6 +178,15 @@ def test_aded_greedy_matches_ar(smollm2, stdlib_store, greedy_cases, tmp_path):
     assert TrigramMatrix.load(tmp_path / "adapted", smollm2.fingerprint).overlay == {}
 
 
+def test_aded_batched_matches_ar(smollm2, stdlib_store, greedy_cases):
+    from specdec_cli import api
+
+    drafters = api.make_drafters("aded", smollm2, [], api.RunSettings(max_new_tokens=32), count=2,
+                                 datastore=str(stdlib_store), options={"iterations": "60"})
+    results = api.run_batch(smollm2, [ids for ids, _ in greedy_cases], drafters, max_new_tokens=32)
+    assert [r.tokens for r in results] == [expected for _, expected in greedy_cases]
+
+
 def test_store_kinds_share_one_manifest_and_refuse_each_other(tmp_path):
     from specdec_cli.datastore import build_suffix_array_datastore
     from specdec_cli.datastore import format as fmt

@@ -53,6 +53,18 @@ def test_rest_greedy_matches_ar(smollm2, stdlib_store):
     assert accepted > 0  # the code prompt continues argparse idioms found in the datastore
 
 
+def test_rest_batched_matches_ar(smollm2, stdlib_store):
+    """Three slots, one target forward per step: each prompt's output is still its own ar output."""
+    cases = [api.encode_prompt(smollm2, text, raw=raw, max_new_tokens=NEW_TOKENS) for text, raw in PROMPTS]
+    expected = [api.run(smollm2, ids, api.make_drafter("ar", smollm2), max_new_tokens=NEW_TOKENS).tokens
+                for ids in cases]
+    drafters = api.make_drafters("rest", smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), count=3,
+                                 datastore=str(stdlib_store))
+    results = api.run_batch(smollm2, cases, drafters, max_new_tokens=NEW_TOKENS)
+    assert [r.tokens for r in results] == expected
+    assert sum(r.summary()["accepted"] for r in results) > 0
+
+
 def test_rest_options_shape_the_tree(smollm2, stdlib_store):
     drafter = api.make_drafter("rest", smollm2, datastore=str(stdlib_store),
                                options={"top_c": "8", "cont_len": "3", "n_max": "4", "max_matches": "50"})

@@ -1,0 +1,170 @@
+"""Batched decoding (engine.batch, runtime.batch_cache): the batched forward computes each row's own logits; every
+sequence of a batch is its own ``ar`` output (greedy), every method works batched, and sampled sequences do not
+depend on their neighbours."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec_cli import api
+from specdec_cli.engine.batch import BatchShare, generate_batch
+from specdec_cli.engine.loop import Draft, Drafter, generate
+from specdec_cli.engine.sampling import SamplingConfig
+from specdec_cli.runtime import forward
+from specdec_cli.runtime.batch_cache import BatchCache, batch_mask
+from specdec_cli.runtime.masks import tree_mask
+from specdec_cli.runtime.positions import ancestor_matrix, depths
+
+from conftest import CHAT_PROMPTS, tiny_gemma3, tiny_llama
+
+VOCAB = 16
+
+
+def random_tree(rng: random.Random, n: int) -> tuple[list[int], list[int]]:
+    return [rng.randrange(VOCAB) for _ in range(n)], [rng.randrange(-1, i) for i in range(n)]
+
+
+def path_to(parents: list[int], node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+class RandomTrees(Drafter):
+    """Random draft trees (a function of the tokens so far): mostly rejected, sometimes partly accepted."""
+
+    name = "random"
+
+    def propose(self, tokens, room):
+        rng = random.Random(hash(tuple(tokens)))
+        tokens, parents = random_tree(rng, min(room, rng.randrange(0, 7)))
+        return Draft(tokens, parents, scores=[0.5] * len(tokens))
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_batched_forward_gives_each_row_its_own_tree_logits(make):
+    """Ragged rows (different lengths and draft trees, sliding windows on Gemma3) against one-sequence forwards,
+    over several steps of random path acceptance."""
+    model = make(vocab=VOCAB)
+    rng = random.Random(0)
+    seqs = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 1, 6)]
+    cache, singles = BatchCache(model, len(seqs), 16), []
+    for row, seq in enumerate(seqs):
+        single = forward.new_cache(model, 64)
+        if len(seq) > 1:
+            forward.forward_chain(model, single, seq[:-1], keep=0)
+        cache.load_row(row, single, len(seq) - 1)
+        singles.append(single)
+    for _ in range(4):
+        trees = [random_tree(rng, rng.randrange(0, 6)) for _ in seqs]
+        logits = cache.forward(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
+        keep = []
+        for row, (seq, (tokens, parents)) in enumerate(zip(seqs, trees)):
+            expected = forward.forward_tree(model, singles[row], seq[-1], tokens, parents)
+            torch.testing.assert_close(logits[row], expected, atol=1e-4, rtol=1e-4)
+            path = path_to(parents, rng.randrange(len(parents))) if parents else []
+            keep.append([0] + [i + 1 for i in path])
+            forward.keep(singles[row], len(seq) - 1, keep[-1])
+            seq += [tokens[i] for i in path] + [rng.randrange(VOCAB)]
+        cache.keep_paths(keep)
+        assert cache.lengths == [len(s) - 1 for s in seqs]
+    cache.select_rows([3, 1])  # finished rows leave; the others keep their entries
+    assert cache.lengths == [len(seqs[3]) - 1, len(seqs[1]) - 1]
+    logits = cache.forward(model, [([seqs[3][-1]], []), ([seqs[1][-1]], [])])
+    torch.testing.assert_close(logits[1], forward.forward_tree(model, singles[1], seqs[1][-1], [], []),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_batch_mask_is_the_one_sequence_tree_mask_row_by_row():
+    rng = random.Random(3)
+    width, starts, window = 5, [4, 0, 9], 3
+    ancs, q_pos = [], []
+    for start in starts:
+        parents = random_tree(rng, width - 1)[1]
+        ancs.append(ancestor_matrix(parents))
+        q_pos.append(start + torch.tensor([0] + depths(parents)))
+    end = max(starts) + width
+    mask = batch_mask(torch.tensor(starts), torch.stack(ancs), torch.stack(q_pos), end, window, torch.float32)
+    for row, start in enumerate(starts):
+        own = tree_mask(torch.arange(start + width), start, ancs[row], q_pos[row], window, torch.float32)
+        assert torch.equal(mask[row, 0, :, : start + width], own[0, 0])
+        assert (mask[row, 0, :, start + width:] < 0).all()  # another row's tail: never seen
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_every_sequence_of_a_batch_is_its_own_ar_output(make, temperature):
+    """Greedy: identical to ar. Sampled: identical to ar with the same seed -- draws are keyed by position, so
+    neither the drafts, the neighbours nor the batch size change a sequence."""
+    model = make(vocab=VOCAB)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 1, 6, 12, 2, 5)]
+    sampling = SamplingConfig(temperature)
+    expected = [generate(model, p, Drafter(), max_new_tokens=20, sampling=sampling, seed=3, stop_ids={15}).tokens
+                for p in prompts]
+    for size in (1, 3, 7):
+        for make_drafter in (Drafter, RandomTrees):
+            results = generate_batch(model, prompts, [make_drafter() for _ in range(size)], max_new_tokens=20,
+                                     sampling=sampling, seed=3, stop_ids={15})
+            assert [r.tokens for r in results] == expected
+
+
+def test_results_come_as_they_finish_and_are_returned_in_input_order():
+    model = tiny_llama(vocab=VOCAB)
+    prompts = [[1, 2, 3], [4], [5, 6]]
+    seen = []
+    results = generate_batch(model, prompts, [Drafter(), Drafter()], max_new_tokens=5,
+                             on_result=lambda i, r: seen.append(i))
+    assert sorted(seen) == [0, 1, 2] and [r.prompt_tokens for r in results] == prompts
+    assert all(r.extra["latency_s"] > 0 and len(r.tokens) == 5 for r in results)
+
+
+def test_a_row_pays_its_share_of_the_whole_batch_forward():
+    times = lambda n: 0.05 + 0.01 * n  # noqa: E731 - a forward over n tokens
+    share = BatchShare(times, rows=4)
+    assert share(1) == pytest.approx(times(4) / 4)
+    assert share(3) - share(1) == pytest.approx((times(12) - times(4)) / 4)
+
+
+# --- real model: every method batched ---------------------------------------------------------------------------
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def cases(smollm2):
+    texts = [CHAT_PROMPTS[0], "def fibonacci(n):", CHAT_PROMPTS[1], CHAT_PROMPTS[0]]
+    out = []
+    for k, text in enumerate(texts):
+        ids = api.encode_prompt(smollm2, text, raw=k == 1, max_new_tokens=NEW_TOKENS)
+        out.append((ids, api.run(smollm2, ids, api.make_drafter("ar", smollm2), max_new_tokens=NEW_TOKENS).tokens))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,drafts", [("auto", 0), ("pld", 0), ("ngram-trie", 0), ("auto", 1), ("sd", 1),
+                                          ("self-verify", 1), ("hsddw", 2)])
+def test_every_method_batched_matches_ar_on_smollm2(smollm2, smollm2_int8, cases, method, drafts):
+    from specdec_cli.io.models import load_draft
+
+    models = [smollm2_int8, load_draft("bf16:", smollm2)][:drafts]
+    drafters = api.make_drafters(method, smollm2, models, api.RunSettings(max_new_tokens=NEW_TOKENS), count=3)
+    results = api.run_batch(smollm2, [ids for ids, _ in cases], drafters, max_new_tokens=NEW_TOKENS)
+    for d in reversed(drafters):
+        d.finish()
+    assert [r.tokens for r in results] == [tokens for _, tokens in cases]
+
+
+@pytest.mark.slow
+def test_batched_auto_shares_its_memory_across_slots(smollm2, cases):
+    drafters = api.make_drafters("auto", smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), count=2)
+    assert drafters[1].memory is drafters[0].memory
+    api.run_batch(smollm2, [ids for ids, _ in cases], drafters, max_new_tokens=NEW_TOKENS)
+    for d in reversed(drafters):
+        d.finish()
+    assert len(drafters[0].memory.sequences) == len(cases)
