@@ -124,6 +124,15 @@ def test_results_come_as_they_finish_and_are_returned_in_input_order():
     assert all(r.extra["latency_s"] > 0 and len(r.tokens) == 5 for r in results)
 
 
+def test_rows_freed_together_with_fewer_prompts_waiting():
+    """Three rows finish in the same step and two prompts wait: the third row leaves the batch."""
+    model = tiny_gemma3(vocab=VOCAB)
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [3, 1, 4], [1, 5, 9]]
+    expected = [generate(model, p, Drafter(), max_new_tokens=6).tokens for p in prompts]
+    results = generate_batch(model, prompts, [RandomTrees() for _ in range(3)], max_new_tokens=6)
+    assert [r.tokens for r in results] == expected
+
+
 def test_a_row_pays_its_share_of_the_whole_batch_forward():
     times = lambda n: 0.05 + 0.01 * n  # noqa: E731 - a forward over n tokens
     share = BatchShare(times, rows=4)

@@ -186,7 +186,9 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
             if slots[row] is None and waiting:
                 i = waiting.pop()
                 slots[row] = _admit(target, cache, row, i, prompts[i], free.pop(0), share, sampling, seed)
-        live = [s for s in slots if s is not None]
+        if any(s is None for s in slots):  # no prompt waits for these rows: drop them (one copy)
+            _compact(cache, slots)
+        live = slots
         if not live:
             break
         share.rows = len(live)
@@ -210,8 +212,6 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
                     on_result(slot.index, results[slot.index])
                 free.append(slot.drafter)
                 slots[row] = None
-        if not waiting and any(s is None for s in slots):
-            _compact(cache, slots)
     return results
 
 

@@ -133,6 +133,8 @@ class BatchCache(Cache):
     def forward(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
         """One forward over every row: ``drafts[b] = (tokens, parents)`` -- the root followed by row ``b``'s draft
         tree (``parents`` for the draft nodes). Returns float32 logits ``[len(tokens), V]`` per row."""
+        if len(drafts) != self.rows:
+            raise ValueError(f"a batched forward takes one draft per row: {len(drafts)} for {self.rows} rows")
         width = max(len(tokens) for tokens, _ in drafts)
         dev = model.get_input_embeddings().weight.device
         starts = torch.tensor(self.lengths, dtype=torch.long)
