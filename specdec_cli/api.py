@@ -147,9 +147,14 @@ def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Draf
     """Every prompt, up to ``len(drafters)`` decoding together (:mod:`specdec_cli.engine.batch`): one target forward
     per step for the whole batch. ``on_result(index, result)`` as each prompt finishes; results in input order."""
     settings = settings or RunSettings(**values)
+    times = None
+    if drafters and drafters[0].budget.mode == "auto" and len(drafters) > 1:  # priced with measured batch forwards
+        from .runtime.batch_profile import batch_times_for
+
+        times = batch_times_for(target.model, min(len(drafters), len(prompts)), progress=note)
     return generate_batch(target.model, prompts, drafters, max_new_tokens=settings.max_new_tokens,
                           sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids,
-                          on_result=on_result, on_step=on_step)
+                          on_result=on_result, on_step=on_step, times=times)
 
 
 def decode(target: LoadedModel, tokens: list[int]) -> str:

@@ -134,10 +134,20 @@ def test_rows_freed_together_with_fewer_prompts_waiting():
 
 
 def test_a_row_pays_its_share_of_the_whole_batch_forward():
-    times = lambda n: 0.05 + 0.01 * n  # noqa: E731 - a forward over n tokens
+    times = lambda rows, width: 0.05 + 0.01 * rows * width  # noqa: E731 - a forward over rows x width tokens
     share = BatchShare(times, rows=4)
-    assert share(1) == pytest.approx(times(4) / 4)
-    assert share(3) - share(1) == pytest.approx((times(12) - times(4)) / 4)
+    assert share(1) == pytest.approx(times(4, 1) / 4)
+    assert share(3) - share(1) == pytest.approx((times(4, 3) - times(4, 1)) / 4)
+
+
+def test_batch_times_interpolate_between_measured_row_counts():
+    from specdec_cli.runtime.batch_profile import WIDTHS, BatchTimes
+
+    times = BatchTimes({1: [1.0 * w for w in WIDTHS], 4: [2.0 * w for w in WIDTHS]})
+    assert times(1, 2) == pytest.approx(2.0) and times(4, 3) == pytest.approx(6.0)
+    assert times(2, 1) == pytest.approx(1.0 + (2.0 - 1.0) / 3)
+    assert times(8, 1) == pytest.approx(4.0)  # beyond the largest measured batch: linear in rows
+    assert times(4, 16) == pytest.approx(32.0)  # beyond the widths: extrapolated
 
 
 # --- real model: every method batched ---------------------------------------------------------------------------

@@ -38,13 +38,18 @@ from .verify import verify_rejection, verify_tree
 
 
 class BatchShare:
-    """A row's price of a forward of ``n`` tokens per row: ``t(rows * n) / rows`` (``rows``: the live rows)."""
+    """A row's price of a forward of ``n`` tokens per row: ``T(rows, n) / rows`` (``rows``: the live rows)."""
 
-    def __init__(self, profile, rows: int = 1):
-        self.profile, self.rows = profile, rows
+    def __init__(self, times, rows: int = 1):
+        self.times, self.rows = times, rows
 
     def __call__(self, n: int) -> float:
-        return self.profile(self.rows * n) / self.rows
+        return self.times(self.rows, n) / self.rows
+
+
+def flat_times(profile):
+    """``T(rows, width)`` from a one-sequence profile, ``t(rows * width)`` (when no batched one is measured)."""
+    return lambda rows, width: profile(rows * width)
 
 
 @dataclass
@@ -106,7 +111,7 @@ def _expected(slot: Slot) -> np.ndarray:
     return np.concatenate([[1.0], 1.0 + np.cumsum(probs)])
 
 
-def choose_width(slots: list[Slot], profile) -> int:
+def choose_width(slots: list[Slot], times) -> int:
     """The query width (root + draft nodes per row) maximising expected tokens per second of the whole step.
     A sampled chain (rejection sampling) is never cut: its length was decided causally."""
     sizes = [1 + len(s.draft) for s in slots]
@@ -117,7 +122,7 @@ def choose_width(slots: list[Slot], profile) -> int:
         if width < floor:
             continue
         gain = sum(float(e[min(width, len(e)) - 1]) for e in expected)
-        rate = gain / profile(len(slots) * width)
+        rate = gain / times(len(slots), width)
         if rate > best_rate + 1e-12:
             best, best_rate = width, rate
     return best
@@ -164,10 +169,12 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
                    sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                    stop_ids: set[int] | frozenset[int] = frozenset(),
                    on_result: Callable[[int, GenerationResult], None] | None = None,
-                   on_step: Callable[[int, float], None] | None = None) -> list[GenerationResult]:
+                   on_step: Callable[[int, float], None] | None = None, times=None) -> list[GenerationResult]:
     """Decode every prompt, up to ``len(drafters)`` at a time (one drafter per slot). ``on_result(index, result)``
-    is called as each sequence finishes (in finishing order); ``on_step(rows, seconds)`` after each forward. The
-    returned results are in input order."""
+    is called as each sequence finishes (in finishing order); ``on_step(rows, seconds)`` after each forward.
+    ``times(rows, width)``: the measured batched forward times (:mod:`specdec_cli.runtime.batch_profile`) that
+    price draft tokens; None: the first drafter's one-sequence profile at ``rows * width`` tokens. The returned
+    results are in input order."""
     results: list[GenerationResult | None] = [None] * len(prompts)
     if not prompts:
         return []
@@ -175,8 +182,8 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
     capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + 8
     rows = min(len(drafters), len(prompts))
     cache = BatchCache(target, rows, capacity)
-    profile = drafters[0].budget.profile
-    share = BatchShare(profile, rows)
+    times = times or flat_times(drafters[0].budget.profile)
+    share = BatchShare(times, rows)
     vocab = vocab_size(target)
     waiting = list(range(len(prompts)))[::-1]
     slots: list[Slot | None] = [None] * rows
@@ -194,7 +201,7 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
         share.rows = len(live)
         for slot in live:
             _propose(slot, max_new_tokens, vocab)
-        width = choose_width(live, profile)
+        width = choose_width(live, times)
         for slot in live:
             _cut(slot, width, share)
         t0 = time.perf_counter()

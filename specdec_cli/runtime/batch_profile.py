@@ -1,0 +1,101 @@
+"""What a batched forward costs on this machine: ``T(rows, width)``, one forward over ``rows`` sequences with
+``width`` query positions each (:class:`~specdec_cli.runtime.batch_cache.BatchCache`).
+
+A one-sequence profile ``t(n)`` (:mod:`specdec_cli.runtime.profile`) does not price a batch: measured on
+SmolLM2-135M (2 threads), 16 rows x 2 positions cost 1.84x 16 rows x 1 position, while ``t(32) / t(16)`` is
+1.35x -- with many rows the forward is compute-bound and a draft token costs nearly what a whole row does. So the
+batched budget is priced with forwards timed as they run: for ``rows`` in powers of two up to the batch size and
+``width`` in :data:`WIDTHS`, after ``CONTEXT`` cached tokens per row; between measured row counts the time is
+interpolated linearly, beyond the widths extrapolated from the last two. Cached like the one-sequence profile
+(per machine, torch version, threads, weights and kernels), measured once: a few seconds per row count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import torch
+
+from . import forward
+from .batch_cache import BatchCache
+from .profile import CONTEXT, _path, model_key
+from ..io.atomic import write_cache
+
+WIDTHS = (1, 2, 3, 4, 6, 8)
+VERSION = 1
+
+
+class BatchTimes:
+    """``T(rows, width)`` in seconds from per-row-count tables (``tables[rows] = seconds per WIDTHS``)."""
+
+    def __init__(self, tables: dict[int, list[float]]):
+        self.rows = sorted(tables)
+        self.tables = {r: np.asarray(tables[r], dtype=np.float64) for r in self.rows}
+        self._memo: dict[tuple[int, int], float] = {}
+
+    def _at(self, rows: int, width: int) -> float:
+        y, x = self.tables[rows], np.asarray(WIDTHS, dtype=np.float64)
+        if width <= x[-1]:
+            return float(np.interp(width, x, y))
+        return float(y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (width - x[-1]))
+
+    def __call__(self, rows: int, width: int) -> float:
+        hit = self._memo.get((rows, width))
+        if hit is None:
+            below = max([r for r in self.rows if r <= rows], default=self.rows[0])
+            above = min([r for r in self.rows if r >= rows], default=self.rows[-1])
+            lo, hi = self._at(below, width), self._at(above, width)
+            if above == below:
+                hit = lo * rows / below  # beyond the largest measured batch: linear in rows
+            else:
+                hit = lo + (hi - lo) * (rows - below) / (above - below)
+            self._memo[(rows, width)] = hit
+        return hit
+
+
+@torch.inference_mode()
+def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
+    """Seconds of one batched forward per width of :data:`WIDTHS`, ``rows`` rows of ``context`` cached tokens."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, vocab, (context + max(WIDTHS) + 1,), generator=gen).tolist()
+    single = forward.new_cache(model, context + 8)
+    forward.forward_chain(model, single, ctx[:context], keep=0)
+    cache = BatchCache(model, rows, context + max(WIDTHS) + 8)
+    for row in range(rows):
+        cache.load_row(row, single, context)
+
+    def once(width: int) -> float:
+        draft = (ctx[context: context + width], list(range(-1, width - 2)))
+        t0 = time.perf_counter()
+        cache.forward(model, [draft] * rows)
+        spent = time.perf_counter() - t0
+        cache.keep_paths([[]] * rows)  # back to the context
+        cache.lengths = [context] * rows
+        return spent
+
+    once(2)  # warm-up
+    best = [min(once(w), once(w)) if w <= 2 else once(w) for w in WIDTHS]
+    return list(np.maximum.accumulate(best))
+
+
+def batch_times_for(model, max_rows: int, progress=None) -> BatchTimes:
+    """The cached ``T(rows, width)`` for row counts 1, 2, 4, ... up to ``max_rows``, measured now where missing."""
+    counts = sorted({min(2 ** k, max_rows) for k in range(max(max_rows, 1).bit_length() + 1)})
+    tables = {}
+    for rows in counts:
+        key = model_key(model, f"|batch={rows}|v{VERSION}")
+        try:
+            data = json.loads(_path(key).read_text())
+            if data.get("key") == key and len(data["seconds"]) == len(WIDTHS):
+                tables[rows] = [float(s) for s in data["seconds"]]
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if progress:
+            progress(f"measuring batched forward times for {rows} rows (once per model and thread count)")
+        tables[rows] = measure_rows(model, rows)
+        write_cache(_path(key), json.dumps({"key": key, "rows": rows, "widths": WIDTHS, "seconds": tables[rows]}))
+    return BatchTimes(tables)
