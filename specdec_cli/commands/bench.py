@@ -54,6 +54,9 @@ def bench(
     tolerance: float = typer.Option(0.10, "--tolerance", help="allowed relative speedup drop for --compare"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG bar chart of speedups"),
     as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
+    batch_size: Optional[str] = typer.Option(None, "--batch-size", help="throughput mode: batch sizes (e.g. "
+                                             "1,4,8,16); first turns, sequential ar and transformers' batched "
+                                             "generate as baselines (docs/bench.md)"),
 ) -> None:
     """Benchmark methods side by side: tokens/s, speedup vs ar, accepted length, sigma, eta, identical outputs."""
     from .common import parse_opts, user_errors
@@ -75,7 +78,37 @@ def bench(
                               datastore=list(datastore or []), window=window, options=options, threads=threads,
                               budget=budget, kernels=kernels, compile=compile)
         cfg.settings = settings  # checked once, above
+        if batch_size is not None:
+            run_throughput(lib, cfg, batch_size, names, out, (resume, compare_to, plot), as_json)
+            return
         run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
+
+
+def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as_json: bool) -> None:
+    """``--batch-size``: the throughput mode (specdec_cli.bench.throughput)."""
+    from ..bench import throughput
+    from .. import api
+    from ..runtime.machine import set_threads
+    from .common import quiet_libraries
+
+    sizes = throughput.parse_sizes(batch_size)
+    if any(refused):
+        raise SpecdecError("--resume, --compare and --plot belong to the latency mode; drop them with --batch-size")
+    cfg.methods = throughput.check_methods([m for m in names if m != "ar"] or ["auto"])
+    if out:
+        throughput.check_out(out)
+    set_threads(cfg.settings.threads)
+    opened = check_stores(lib, cfg)
+    quiet_libraries()
+    prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)
+    target, drafts = api.load(cfg.model, cfg.drafts, cfg.dtype, cfg.device, cfg.kernels)
+    record = throughput.throughput(cfg, target, drafts, prompt_list, sizes, opened)
+    if out:
+        lib.append_record(out, record)
+    if as_json:
+        print(json.dumps(record), flush=True)
+    else:
+        throughput.print_table(record)
 
 
 def check_methods_and_options(names: list[str], options: dict, compile: str, memory: Optional[str]) -> None:

@@ -43,6 +43,8 @@ def generate(
     kernels: str = flags.KERNELS,
     threads: Optional[int] = flags.THREADS,
     compile: str = flags.COMPILE,
+    batch_size: int = typer.Option(1, "--batch-size", help="decode up to B prompts of --batch-file together (one "
+                                   "target forward per step); answers still come in input order"),
 ) -> None:
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
@@ -55,6 +57,8 @@ def generate(
         check_methods([method])
         options = method_options(opt, save_adapted, memory)
         check_compile(compile)
+        if batch_size < 1:
+            raise SpecdecError(f"--batch-size must be at least 1, got {batch_size}")
         if any(not p.strip() for p in prompts):
             raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
         check_options([method], options)
@@ -66,9 +70,14 @@ def generate(
         set_threads(settings.threads)
         target, draft_models = api.load(model, list(draft or []), dtype, device, kernels)
         encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
+        meta = {"model": model, "method": method, "drafts": list(draft or [])}
+        if batch_size > 1 and len(encoded) > 1:
+            drafters = api.make_drafters(method, target, draft_models, settings, count=batch_size, datastore=stores,
+                                         options=options, opened=opened, check=False)
+            answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": batch_size}, as_json)
+            return
         drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,
                                    compile=compile, opened=opened, check=False)  # options checked above
-        meta = {"model": model, "method": method, "drafts": list(draft or [])}
         for i, ids in enumerate(encoded):
             answer(api, target, ids, drafter, settings, i, meta if as_json else None)
         drafter.finish()
@@ -118,6 +127,32 @@ def answer(api, target, ids: list[int], drafter, settings, index: int, meta: dic
     record = {"index": index, **meta, "text": api.decode(target, result.tokens), "tokens": result.tokens,
               **result.summary(), "steps": [vars(step) for step in result.steps]}
     print(json.dumps(record), flush=True)
+
+
+def answer_batch(api, target, encoded: list[list[int]], drafters, settings, meta: dict, as_json: bool) -> None:
+    """Every prompt decoded in batches; each answer printed as soon as it and every answer before it are done."""
+    ready: dict = {}
+    order = iter(range(len(encoded)))
+    nxt = [next(order)]
+
+    def emit(index: int, result) -> None:
+        text = api.decode(target, result.tokens)
+        if as_json:
+            record = {"index": index, **meta, "text": text, "tokens": result.tokens, **result.summary(),
+                      "steps": [vars(step) for step in result.steps]}
+            print(json.dumps(record), flush=True)
+        else:
+            print(("\n---\n\n" if index else "") + text, flush=True)
+
+    def on_result(index: int, result) -> None:
+        ready[index] = result
+        while nxt[0] in ready:
+            emit(nxt[0], ready.pop(nxt[0]))
+            nxt[0] = next(order, -1)
+
+    api.run_batch(target, encoded, drafters, settings, on_result=on_result)
+    for drafter in reversed(drafters):  # the first saves auto's --memory, after the others have added to it
+        drafter.finish()
 
 
 def text_streamer(tokenizer):

@@ -1,0 +1,217 @@
+"""``specdec bench --batch-size B[,B...]``: the throughput mode (docs/bench.md, docs/batching.md).
+
+On the first turn of every prompt, in one process: sequential ``ar`` (the reference outputs and the baseline),
+then for each batch size transformers' batched greedy ``generate`` (left padding, chunks of B prompts in input
+order: ``hf-batch``) and each of our methods batched (``api.run_batch``). Each run reports total tokens/s,
+per-sequence latency (median, p90), speedups against sequential ``ar`` and against ``hf-batch`` (same B, and its
+best B), target forwards, outputs identical to ``ar``'s, and the peak resident memory of that run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import api
+from ..errors import SpecdecError
+from ..runtime.machine import set_threads
+from .config import HF_BASELINES, WARMUP_TOKENS
+from .records import git_commit, machine_info
+from .runners import ForwardCounter, cut_at_stop, encode_turn
+
+SCHEMA = "specdec-bench-throughput/1"
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``--batch-size 1,4,8``: positive integers, in the order given, without repeats."""
+    sizes = []
+    for item in text.split(","):
+        try:
+            size = int(item.strip())
+        except ValueError:
+            raise SpecdecError(f"--batch-size takes positive integers separated by commas, got {text!r}") from None
+        if size < 1:
+            raise SpecdecError(f"--batch-size must be at least 1, got {size}")
+        sizes.append(size)
+    return list(dict.fromkeys(sizes))
+
+
+def check_methods(methods: list[str]) -> list[str]:
+    """Our methods to run batched (``ar`` runs sequentially as the baseline, and batched when asked for)."""
+    refused = [m for m in methods if m in HF_BASELINES]
+    if refused:
+        raise SpecdecError(f"--batch-size runs transformers' batched generate itself (hf-batch); drop "
+                           f"{', '.join(refused)} from --methods")
+    return list(dict.fromkeys(methods))
+
+
+def check_out(path: str) -> None:
+    """``--out`` in throughput mode: absent, or a file of throughput records (appended to)."""
+    target = Path(path)
+    if target.is_dir():
+        raise SpecdecError(f"--out {path} is a directory")
+    if target.exists() and target.stat().st_size:
+        for n, line in enumerate(target.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            try:
+                ok = json.loads(line).get("schema") == SCHEMA if line.strip() else True
+            except (ValueError, AttributeError):
+                ok = False
+            if not ok:
+                raise SpecdecError(f"--out {path}: line {n} is not a throughput record ({SCHEMA}); "
+                                   "give a new file")
+
+
+def reset_peak() -> None:
+    """Start a new peak-RSS measurement (Linux: ``clear_refs`` 5 resets VmHWM)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_mib() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def row(method: str, batch: int | str, outputs: list[list[int]], seconds: float, latencies: list[float],
+        forwards: int, reference: list[list[int]] | None, peak: float | None) -> dict:
+    tokens = sum(len(o) for o in outputs)
+    return {"method": method, "batch_size": batch, "new_tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "latency_median_s": float(np.median(latencies)), "latency_p90_s": float(np.percentile(latencies, 90)),
+            "target_forwards": forwards,
+            "identical": None if reference is None else sum(a == b for a, b in zip(outputs, reference)),
+            "peak_rss_mib": peak}
+
+
+def sequential_ar(target, ids: list[list[int]], settings) -> tuple[dict, list[list[int]]]:
+    drafter = api.make_drafter("ar", target, [], settings)
+    api.run(target, ids[0], drafter, settings, max_new_tokens=WARMUP_TOKENS)
+    reset_peak()
+    t0 = time.perf_counter()
+    results = [api.run(target, x, drafter, settings) for x in ids]
+    seconds = time.perf_counter() - t0
+    outputs = [r.tokens for r in results]
+    return row("ar", "sequential", outputs, seconds, [r.total_s for r in results],
+               sum(len(r.steps) for r in results), outputs, peak_mib()), outputs
+
+
+def hf_batched(target, ids: list[list[int]], size: int, max_new_tokens: int) -> tuple[list[list[int]], list, int]:
+    """transformers' greedy ``generate`` on chunks of ``size`` prompts, left-padded; per-sequence latency = its
+    chunk's time."""
+    stop = sorted(target.stop_ids)
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (stop or [0])[0]
+    model, outputs, latencies = target.model, [], []
+    counter = ForwardCounter(model)
+    try:
+        for k in range(0, len(ids), size):
+            chunk = ids[k: k + size]
+            width = max(map(len, chunk))
+            inputs = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device=model.device)
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=model.device)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(inputs, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                     eos_token_id=stop or None, pad_token_id=pad, temperature=None, top_p=None,
+                                     top_k=None, min_new_tokens=0)
+            latencies += [time.perf_counter() - t0] * len(chunk)
+            outputs += [cut_at_stop([int(t) for t in out[j, width:].tolist()], target.stop_ids)
+                        for j in range(len(chunk))]
+    finally:
+        counter.close()
+    return outputs, latencies, counter.calls
+
+
+def timed_hf(target, ids, size, cfg, reference) -> dict:
+    hf_batched(target, ids[:size], size, WARMUP_TOKENS)
+    reset_peak()
+    t0 = time.perf_counter()
+    outputs, latencies, forwards = hf_batched(target, ids, size, cfg.max_new_tokens)
+    seconds = time.perf_counter() - t0
+    return row("hf-batch", size, outputs, seconds, latencies, forwards, reference if cfg.greedy else None, peak_mib())
+
+
+def timed_ours(method: str, target, drafts, ids, size, cfg, reference, opened) -> dict:
+    from .runners import datastore_for
+
+    drafters = api.make_drafters(method, target, drafts, cfg.settings, count=size, check=False,
+                                 datastore=datastore_for(method, cfg.datastore), options=cfg.options, opened=opened)
+    api.run_batch(target, ids[:size], drafters, cfg.settings, max_new_tokens=WARMUP_TOKENS)  # warm-up (+ timing)
+    steps = []
+    reset_peak()
+    t0 = time.perf_counter()
+    results = api.run_batch(target, ids, drafters, cfg.settings, on_step=lambda rows, s: steps.append(s))
+    seconds = time.perf_counter() - t0
+    for drafter in reversed(drafters):
+        drafter.finish()
+    return row(method, size, [r.tokens for r in results], seconds, [r.extra["latency_s"] for r in results],
+               len(steps), reference if cfg.greedy else None, peak_mib())
+
+
+def add_speedups(rows: list[dict]) -> None:
+    base = next(r["tokens_per_s"] for r in rows if r["batch_size"] == "sequential")
+    hf = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["method"] == "hf-batch"}
+    best = max(hf.values(), default=None)
+    for r in rows:
+        r["speedup_vs_ar"] = r["tokens_per_s"] / base if base else None
+        same = hf.get(r["batch_size"])
+        r["speedup_vs_hf_same_b"] = r["tokens_per_s"] / same if same else None
+        r["speedup_vs_hf_best"] = r["tokens_per_s"] / best if best else None
+    if hf:
+        for r in rows:
+            r["hf_best_batch_size"] = max(hf, key=hf.get)
+
+
+def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | None = None, log=None) -> dict:
+    """Run the throughput mode; returns its record."""
+    set_threads(cfg.settings.threads)
+    log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
+    ids = [encode_turn(target, p, 0, [], cfg.max_new_tokens) for p in prompts]
+    first, reference = sequential_ar(target, ids, cfg.settings)
+    rows = [first]
+    log(f"ar sequential: {first['tokens_per_s']:.1f} tok/s")
+    for size in sizes:
+        if cfg.greedy:
+            rows.append(timed_hf(target, ids, size, cfg, reference))
+            log(f"hf-batch B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+        for method in cfg.methods:
+            rows.append(timed_ours(method, target, drafts, ids, size, cfg, reference, opened))
+            log(f"{method} B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+    add_speedups(rows)
+    return {"schema": SCHEMA, "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine_info(), "git_commit": git_commit(), "config": asdict(cfg), "batch_sizes": sizes,
+            "prompt_set": cfg.prompts, "num_prompts": len(prompts), "turns": "first", "rows": rows}
+
+
+def print_table(record: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"throughput: {record['prompt_set']}, {record['num_prompts']} prompts (first turns), "
+                        f"{record['config']['max_new_tokens']} new tokens")
+    cols = ["method", "B", "tok/s", "x ar", "x hf same B", "x hf best", "latency p50 s", "p90 s", "forwards",
+            "identical", "peak MiB"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "method" else "right")
+    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
+    for r in record["rows"]:
+        table.add_row(r["method"], str(r["batch_size"]), fmt(r["tokens_per_s"], "{:.1f}"), fmt(r["speedup_vs_ar"]),
+                      fmt(r["speedup_vs_hf_same_b"]), fmt(r["speedup_vs_hf_best"]), fmt(r["latency_median_s"]),
+                      fmt(r["latency_p90_s"]), str(r["target_forwards"]),
+                      "-" if r["identical"] is None else f"{r['identical']}/{record['num_prompts']}",
+                      fmt(r["peak_rss_mib"], "{:.0f}"))
+    Console(width=160).print(table)

@@ -1,0 +1,57 @@
+"""``--batch-size`` from the command line: generate answers in input order, identical to one at a time; bench's
+throughput mode reports every run; bad values are one error line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import assert_user_error
+
+PROMPTS = "def add(a, b):\nWrite a haiku about the sea.\nList three colors.\n"
+
+
+def specdec(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "specdec_cli.cli", *args], input=stdin, capture_output=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("args,needle", [(["generate", "x", "--batch-size", "0"], "--batch-size"),
+                                         (["bench", "--batch-size", "2,0"], "at least 1"),
+                                         (["bench", "--batch-size", "x"], "positive integers"),
+                                         (["bench", "--batch-size", "2", "--methods", "hf-pld"], "hf-pld")])
+def test_bad_batch_sizes_are_one_line(args, needle):
+    assert_user_error(specdec(*args), needle)
+
+
+@pytest.mark.slow
+def test_generate_batched_answers_in_input_order_identical_to_one_at_a_time(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(PROMPTS)
+    runs = {}
+    for size in ("1", "2"):
+        proc = specdec("generate", "--batch-file", str(prompts), "--batch-size", size, "-n", "12", "--json")
+        assert proc.returncode == 0, proc.stderr.decode()
+        runs[size] = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [r["index"] for r in runs["2"]] == [0, 1, 2]
+    assert [r["tokens"] for r in runs["2"]] == [r["tokens"] for r in runs["1"]]
+    assert all(r["batch_size"] == 2 and r["latency_s"] > 0 for r in runs["2"])
+
+
+@pytest.mark.slow
+def test_bench_throughput_mode_reports_every_run(tmp_path):
+    out = tmp_path / "t.jsonl"
+    proc = specdec("bench", "--prompts", "humaneval", "--limit", "3", "-n", "8", "--batch-size", "1,2",
+                   "--methods", "ar,auto", "--json", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr.decode()
+    record = json.loads(proc.stdout.decode())
+    assert record["schema"] == "specdec-bench-throughput/1" and json.loads(out.read_text()) == record
+    runs = {(r["method"], r["batch_size"]) for r in record["rows"]}
+    assert runs == {("ar", "sequential"), ("hf-batch", 1), ("hf-batch", 2), ("auto", 1), ("auto", 2)}
+    for r in record["rows"]:
+        assert r["identical"] == 3 and r["tokens_per_s"] > 0 and r["latency_p90_s"] >= r["latency_median_s"]
+        assert r["speedup_vs_ar"] > 0 and (r["peak_rss_mib"] or 0) > 0
+    assert_user_error(specdec("bench", "--batch-size", "2", "--out", str(tmp_path)), "directory")
