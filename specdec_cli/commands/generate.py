@@ -43,8 +43,7 @@ def generate(
     kernels: str = flags.KERNELS,
     threads: Optional[int] = flags.THREADS,
     compile: str = flags.COMPILE,
-    batch_size: int = typer.Option(1, "--batch-size", help="decode up to B prompts of --batch-file together (one "
-                                   "target forward per step); answers still come in input order"),
+    batch_size: int = flags.BATCH_SIZE,
 ) -> None:
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
@@ -57,10 +56,7 @@ def generate(
         check_methods([method])
         options = method_options(opt, save_adapted, memory)
         check_compile(compile)
-        if batch_size < 1:
-            raise SpecdecError(f"--batch-size must be at least 1, got {batch_size}")
-        if any(not p.strip() for p in prompts):
-            raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
+        check_prompts(prompts, batch_size)
         check_options([method], options)
         stores = list(datastore or [])
         opened = open_stores(method, stores, model)
@@ -74,13 +70,19 @@ def generate(
         if batch_size > 1 and len(encoded) > 1:
             drafters = api.make_drafters(method, target, draft_models, settings, count=batch_size, datastore=stores,
                                          options=options, opened=opened, check=False)
-            answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": batch_size}, as_json)
-            return
+            return answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": batch_size}, as_json)
         drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,
                                    compile=compile, opened=opened, check=False)  # options checked above
         for i, ids in enumerate(encoded):
             answer(api, target, ids, drafter, settings, i, meta if as_json else None)
         drafter.finish()
+
+
+def check_prompts(prompts: list[str], batch_size: int) -> None:
+    if batch_size < 1:
+        raise SpecdecError(f"--batch-size must be at least 1, got {batch_size}")
+    if any(not p.strip() for p in prompts):
+        raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
 
 
 def open_stores(method: str, stores: list[str], model: str) -> dict:

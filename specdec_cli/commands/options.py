@@ -41,6 +41,8 @@ KERNELS = typer.Option("auto", "--kernels", help="CPU linear kernels of the targ
 COMPILE = typer.Option("auto", "--compile", help="static KV cache and compiled forwards (CUDA graphs on a GPU): auto "
                        "(on for CUDA, off on the CPU, where it measured slower), on, off, or static (the static cache "
                        "without compiling)")
+BATCH_SIZE = typer.Option(1, "--batch-size", help="decode up to B prompts of --batch-file together (one target "
+                          "forward per step, docs/batching.md); answers still come in input order")
 RAW = typer.Option(False, "--raw", help="do not apply the chat template")
 JSON = typer.Option(False, "--json", help="machine-readable output: JSON instead of text or a table")
 PLOT = typer.Option(None, "--plot", help="write a PNG chart here")
