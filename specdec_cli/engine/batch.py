@@ -47,6 +47,27 @@ class BatchShare:
         return self.times(self.rows, n) / self.rows
 
 
+class LearnedTimes:
+    """``T(rows, width)``: the measured table, corrected by what this run's forwards actually took (greedy runs
+    only: sampled ones never read the clock). One factor per width, ``actual / table`` averaged over recent steps,
+    absorbs what the table missed (longer contexts than it was measured at, a busy machine)."""
+
+    EMA = 0.2
+
+    def __init__(self, table, learn: bool):
+        self.table, self.learn = table, learn
+        self.factor: dict[int, float] = {}
+
+    def __call__(self, rows: int, width: int) -> float:
+        return self.table(rows, width) * self.factor.get(min(width, 9), self.factor.get(1, 1.0))
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        if self.learn and seconds > 0:
+            key, ratio = min(width, 9), seconds / self.table(rows, width)
+            old = self.factor.get(key)
+            self.factor[key] = ratio if old is None else (1 - self.EMA) * old + self.EMA * ratio
+
+
 def flat_times(profile):
     """``T(rows, width)`` from a one-sequence profile, ``t(rows * width)`` (when no batched one is measured)."""
     return lambda rows, width: profile(rows * width)
@@ -92,10 +113,17 @@ def _admit(target, cache: BatchCache, row: int, index: int, prompt: list[int], d
     return slot
 
 
-def _propose(slot: Slot, max_new_tokens: int, vocab: int) -> None:
+def _hopeless(budget, share: BatchShare) -> bool:
+    """Whether even a draft token sure to be accepted costs more than it yields: one more query position per row
+    (priced at the row's share of the batch) is worth more time than a token at the current value of time. Then
+    the row does not draft at all (no drafting time either) -- a batch that fills the machine decodes plainly."""
+    return budget.adaptive and budget.value * (share(2) - share(1)) >= 1.0
+
+
+def _propose(slot: Slot, share: BatchShare, max_new_tokens: int, vocab: int) -> None:
     t0 = time.perf_counter()
     budget, drafter = slot.drafter.budget, slot.drafter
-    slot.drafting = budget.should_draft()
+    slot.drafting = budget.should_draft() and not _hopeless(budget, share)
     room = budget.draft_limit(max_new_tokens - len(slot.out) - 1)
     slot.plan = budget.select(drafter.propose(slot.tokens, room) if slot.drafting else Draft())
     slot.draft = fit_draft(slot.plan.draft, None, vocab, drafter.name)
@@ -182,7 +210,7 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
     capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + 8
     rows = min(len(drafters), len(prompts))
     cache = BatchCache(target, rows, capacity)
-    times = times or flat_times(drafters[0].budget.profile)
+    times = LearnedTimes(times or flat_times(drafters[0].budget.profile), learn=sampling.greedy)
     share = BatchShare(times, rows)
     vocab = vocab_size(target)
     waiting = list(range(len(prompts)))[::-1]
@@ -200,13 +228,14 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
             break
         share.rows = len(live)
         for slot in live:
-            _propose(slot, max_new_tokens, vocab)
+            _propose(slot, share, max_new_tokens, vocab)
         width = choose_width(live, times)
         for slot in live:
             _cut(slot, width, share)
         t0 = time.perf_counter()
         logits = cache.forward(target, [([s.tokens[-1], *s.draft.tokens], s.draft.parents) for s in live])
         verify_s = time.perf_counter() - t0
+        times.observe(len(live), width, verify_s)
         keep = [_settle(s, lg, sampling, stop_ids, max_new_tokens, verify_s) for s, lg in zip(live, logits)]
         cache.keep_paths(keep)
         if on_step:
@@ -224,8 +253,7 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
 
 def _compact(cache: BatchCache, slots: list) -> None:
     """Drop the rows of finished sequences (no prompt waits for them)."""
-    keep = [r for r, s in enumerate(slots) if s is not None]
-    cache.select_rows(keep)
-    slots[:] = [slots[r] for r in keep]
+    order = cache.drop_rows([r for r, s in enumerate(slots) if s is None])
+    slots[:] = [slots[r] for r in order]
     for row, slot in enumerate(slots):
         slot.view.row = row

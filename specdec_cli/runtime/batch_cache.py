@@ -9,7 +9,7 @@ tree ancestors (and, in sliding-window layers, only those within the window), so
 beyond a row's length are never seen. Buffers start zeroed: a masked entry is always a finite number.
 
 Rows come and go (:meth:`BatchCache.load_row` copies a prompt's prefill from a one-sequence cache into a free row;
-:meth:`BatchCache.select_rows` drops finished rows when no prompt is waiting), and an accepted tree path is kept
+:meth:`BatchCache.drop_rows` drops finished rows when no prompt is waiting: the last rows move into the holes), and an accepted tree path is kept
 per row with one indexed copy per layer for the whole batch (:meth:`BatchCache.keep_paths`).
 
 :class:`RowView` shows one row as a one-sequence cache, for the drafters that read the target's cache (draft
@@ -64,9 +64,15 @@ class BatchLayer(DynamicLayer):
                 new[:, :, : old.shape[2]] = old
                 setattr(self, name, new)
 
-    def take_rows(self, index: torch.Tensor) -> None:
-        if self._k is not None:
-            self._k, self._v = self._k[index].contiguous(), self._v[index].contiguous()
+    def move_rows(self, moves: list[tuple[int, int, int]], rows: int) -> None:
+        """Copy row ``src`` into row ``dst`` (its first ``length`` entries) for each move, then keep the first
+        ``rows`` rows (a view: no copy)."""
+        if self._k is None:
+            return
+        for src, dst, length in moves:
+            self._k[dst, :, :length] = self._k[src, :, :length]
+            self._v[dst, :, :length] = self._v[src, :, :length]
+        self._k, self._v = self._k[:rows], self._v[:rows]
 
     def get_seq_length(self) -> int:
         return self.owner.max_length
@@ -119,13 +125,25 @@ class BatchCache(Cache):
             dst._v[row, :, :length] = values
         self.lengths[row] = length
 
-    def select_rows(self, keep: list[int]) -> None:
-        """Keep only rows ``keep`` (in that order): finished sequences leave when no prompt waits for their row."""
-        index = torch.tensor(keep, dtype=torch.long)
+    @torch.inference_mode()
+    def drop_rows(self, free: list[int]) -> list[int]:
+        """Rows ``free`` leave (finished sequences no prompt waits for): the last live rows move into the holes
+        (one row copy each), the buffers' first dimension shrinks by a view. Returns the new order: for each new
+        row, the old row it holds."""
+        gone = set(free)
+        keep = [r for r in range(self.rows) if r not in gone]
+        size = len(keep)
+        holes = [r for r in free if r < size]
+        movers = [r for r in keep if r >= size]
+        order = list(range(size))
+        for hole, mover in zip(sorted(holes), movers):
+            order[hole] = mover
+        moves = [(mover, hole, self.lengths[mover]) for hole, mover in zip(sorted(holes), movers)]
         for layer in self.layers:
-            layer.take_rows(index)
-        self.lengths = [self.lengths[r] for r in keep]
-        self.rows = len(keep)
+            layer.move_rows(moves, size)
+        self.lengths = [self.lengths[r] for r in order]
+        self.rows = size
+        return order
 
     # -- a step ----------------------------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ SmolLM2-135M (2 threads), 16 rows x 2 positions cost 1.84x 16 rows x 1 position,
 1.35x -- with many rows the forward is compute-bound and a draft token costs nearly what a whole row does. So the
 batched budget is priced with forwards timed as they run: for ``rows`` in powers of two up to the batch size and
 ``width`` in :data:`WIDTHS`, after ``CONTEXT`` cached tokens per row; between measured row counts the time is
-interpolated linearly, beyond the widths extrapolated from the last two. Cached like the one-sequence profile
+interpolated linearly; wider forwards are priced in proportion to their tokens (compute-bound). Cached like the one-sequence profile
 (per machine, torch version, threads, weights and kernels), measured once: a few seconds per row count.
 """
 
@@ -24,7 +24,7 @@ from .profile import CONTEXT, _path, model_key
 from ..io.atomic import write_cache
 
 WIDTHS = (1, 2, 3, 4, 6, 8)
-VERSION = 1
+VERSION = 2
 
 
 class BatchTimes:
@@ -39,7 +39,7 @@ class BatchTimes:
         y, x = self.tables[rows], np.asarray(WIDTHS, dtype=np.float64)
         if width <= x[-1]:
             return float(np.interp(width, x, y))
-        return float(y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (width - x[-1]))
+        return float(y[-1] * width / x[-1])  # wider than measured: compute-bound, proportional to the tokens
 
     def __call__(self, rows: int, width: int) -> float:
         hit = self._memo.get((rows, width))
@@ -77,7 +77,7 @@ def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
         return spent
 
     once(2)  # warm-up
-    best = [min(once(w), once(w)) if w <= 2 else once(w) for w in WIDTHS]
+    best = [min(once(w) for _ in range(3)) for w in WIDTHS]  # the best of three: a busy moment does not stick
     return list(np.maximum.accumulate(best))
 
 
