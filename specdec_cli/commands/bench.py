@@ -94,7 +94,7 @@ def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as
     sizes = throughput.parse_sizes(batch_size)
     if any(refused):
         raise SpecdecError("--resume, --compare and --plot belong to the latency mode; drop them with --batch-size")
-    cfg.methods = throughput.check_methods([m for m in names if m != "ar"] or ["auto"])
+    cfg.methods = throughput.check_methods(names)  # ar runs sequentially in any case; listed, batched too
     if out:
         throughput.check_out(out)
     set_threads(cfg.settings.threads)
