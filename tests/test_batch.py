@@ -115,6 +115,33 @@ def test_every_sequence_of_a_batch_is_its_own_ar_output(make, temperature):
             assert [r.tokens for r in results] == expected
 
 
+def test_a_sampled_chain_does_not_depend_on_its_neighbours():
+    """sd with temperature: rejection sampling consumes randomness as the row's own budget decides; prices are the
+    fixed batch size's, so prompt 0's output is the same whoever shares the batch with it."""
+    from specdec_cli.engine.budget import Budget
+    from specdec_cli.io.models import LoadedModel
+    from specdec_cli.methods.sd import SpeculativeSampling
+    from specdec_cli.runtime.profile import Profile
+
+    target, draft = tiny_llama(vocab=VOCAB, seed=0), tiny_llama(vocab=VOCAB, seed=1)
+    times = Profile([1, 4, 16, 64], [0.05, 0.051, 0.053, 0.06])  # drafting pays
+
+    def drafters(n):
+        out = []
+        for _ in range(n):
+            d = SpeculativeSampling(LoadedModel(draft, None, "tiny-draft", False), VOCAB, window=4)
+            d.budget = Budget("auto", times)
+            out.append(d)
+        return out
+
+    sampling = SamplingConfig(1.0)
+    first = [[1, 2, 3]]
+    runs = [generate_batch(target, first + others, drafters(3), max_new_tokens=16, sampling=sampling, seed=5)[0]
+            for others in ([[4, 5]], [[6, 7, 8, 9], [10]], [[11], [12, 13], [14]])]
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens
+    assert sum(s.drafted for s in runs[0].steps) > 0
+
+
 def test_results_come_as_they_finish_and_are_returned_in_input_order():
     model = tiny_llama(vocab=VOCAB)
     prompts = [[1, 2, 3], [4], [5, 6]]

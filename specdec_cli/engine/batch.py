@@ -211,7 +211,7 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
     rows = min(len(drafters), len(prompts))
     cache = BatchCache(target, rows, capacity)
     times = LearnedTimes(times or flat_times(drafters[0].budget.profile), learn=sampling.greedy)
-    share = BatchShare(times, rows)
+    share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab = vocab_size(target)
     waiting = list(range(len(prompts)))[::-1]
     slots: list[Slot | None] = [None] * rows
@@ -226,7 +226,7 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
         live = slots
         if not live:
             break
-        share.rows = len(live)
+        share.rows = len(live) if sampling.greedy else len(drafters)  # sampled: prices never depend on the others
         for slot in live:
             _propose(slot, share, max_new_tokens, vocab)
         width = choose_width(live, times)
