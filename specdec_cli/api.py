@@ -135,6 +135,8 @@ def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = 
     learns about the run's outputs (``auto``'s memory) the others share."""
     if count < 1:
         raise SpecdecError(f"--batch-size must be at least 1, got {count}")
+    if kwargs.get("opened") is None:  # one open per datastore, shared by the slots (and aded's adapted matrix)
+        kwargs["opened"] = {}
     first = make_drafter(method, target, drafts, settings, **kwargs)
     others = [make_drafter(method, target, drafts, settings, **kwargs) for _ in range(count - 1)]
     for drafter in others:

@@ -183,6 +183,7 @@ def test_aded_batched_matches_ar(smollm2, stdlib_store, greedy_cases):
 
     drafters = api.make_drafters("aded", smollm2, [], api.RunSettings(max_new_tokens=32), count=2,
                                  datastore=str(stdlib_store), options={"iterations": "60"})
+    assert drafters[1].matrix is drafters[0].matrix  # one opened store, adapted by every slot
     results = api.run_batch(smollm2, [ids for ids, _ in greedy_cases], drafters, max_new_tokens=32)
     assert [r.tokens for r in results] == [expected for _, expected in greedy_cases]
 

@@ -102,6 +102,9 @@ class Aded(Drafter):
         """Write base + adapted rows as a new tri-gram store (same format, loadable with ``--datastore``)."""
         return self.matrix.save(path)
 
+    def share_with(self, first) -> None:
+        self.save_path = ""  # the slots share one opened matrix, adapted by all: the first drafter saves it
+
     def finish(self) -> None:
         if self.save_path:
             self.save_adapted(self.save_path)
