@@ -103,7 +103,8 @@ class Aded(Drafter):
         return self.matrix.save(path)
 
     def share_with(self, first) -> None:
-        self.save_path = ""  # the slots share one opened matrix, adapted by all: the first drafter saves it
+        """Batch slots adapt one tri-gram matrix (the first drafter's view of the store), which the first saves."""
+        self.matrix, self.save_path = first.matrix, ""
 
     def finish(self) -> None:
         if self.save_path:
