@@ -24,7 +24,7 @@ from ..errors import SpecdecError
 from ..runtime.machine import set_threads
 from .config import HF_BASELINES, WARMUP_TOKENS
 from .records import git_commit, machine_info
-from .runners import ForwardCounter, cut_at_stop, encode_turn
+from .runners import ForwardCounter, cut_at_stop, encode_turn, hf_kwargs
 
 SCHEMA = "specdec-bench-throughput/1"
 
@@ -109,12 +109,12 @@ def sequential_ar(target, ids: list[list[int]], settings) -> tuple[dict, list[li
                sum(len(r.steps) for r in results), outputs, peak_mib()), outputs
 
 
-def hf_batched(target, ids: list[list[int]], size: int, max_new_tokens: int) -> tuple[list[list[int]], list, int]:
-    """transformers' greedy ``generate`` on chunks of ``size`` prompts, left-padded; per-sequence latency = its
-    chunk's time."""
-    stop = sorted(target.stop_ids)
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    pad = pad if pad is not None else (stop or [0])[0]
+def hf_batched(target, ids: list[list[int]], size: int, max_new_tokens: int,
+               cfg) -> tuple[list[list[int]], list, int]:
+    """transformers' greedy ``generate`` on chunks of ``size`` prompts, left-padded (the latency mode's ``hf``
+    arguments); per-sequence latency = its chunk's time."""
+    kwargs = hf_kwargs("hf", target, [], cfg)
+    pad = kwargs["pad_token_id"]
     model, outputs, latencies = target.model, [], []
     counter = ForwardCounter(model)
     try:
@@ -125,9 +125,7 @@ def hf_batched(target, ids: list[list[int]], size: int, max_new_tokens: int) -> 
             mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=model.device)
             t0 = time.perf_counter()
             with torch.inference_mode():
-                out = model.generate(inputs, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                                     eos_token_id=stop or None, pad_token_id=pad, temperature=None, top_p=None,
-                                     top_k=None, min_new_tokens=0)
+                out = model.generate(inputs, attention_mask=mask, max_new_tokens=max_new_tokens, **kwargs)
             latencies += [time.perf_counter() - t0] * len(chunk)
             outputs += [cut_at_stop([int(t) for t in out[j, width:].tolist()], target.stop_ids)
                         for j in range(len(chunk))]
@@ -137,10 +135,10 @@ def hf_batched(target, ids: list[list[int]], size: int, max_new_tokens: int) -> 
 
 
 def timed_hf(target, ids, size, cfg, reference) -> dict:
-    hf_batched(target, ids[:size], size, WARMUP_TOKENS)
+    hf_batched(target, ids[:size], size, WARMUP_TOKENS, cfg)
     reset_peak()
     t0 = time.perf_counter()
-    outputs, latencies, forwards = hf_batched(target, ids, size, cfg.max_new_tokens)
+    outputs, latencies, forwards = hf_batched(target, ids, size, cfg.max_new_tokens, cfg)
     seconds = time.perf_counter() - t0
     return row("hf-batch", size, outputs, seconds, latencies, forwards, reference if cfg.greedy else None, peak_mib())
 

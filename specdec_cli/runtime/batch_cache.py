@@ -9,8 +9,9 @@ tree ancestors (and, in sliding-window layers, only those within the window), so
 beyond a row's length are never seen. Buffers start zeroed: a masked entry is always a finite number.
 
 Rows come and go (:meth:`BatchCache.load_row` copies a prompt's prefill from a one-sequence cache into a free row;
-:meth:`BatchCache.drop_rows` drops finished rows when no prompt is waiting: the last rows move into the holes), and an accepted tree path is kept
-per row with one indexed copy per layer for the whole batch (:meth:`BatchCache.keep_paths`).
+:meth:`BatchCache.drop_rows` drops finished rows when no prompt is waiting: the last rows move into the holes),
+and an accepted tree path is kept per row with one indexed copy per layer for the whole batch
+(:meth:`BatchCache.keep_paths`).
 
 :class:`RowView` shows one row as a one-sequence cache, for the drafters that read the target's cache (draft
 models that are copies of the target).
@@ -24,6 +25,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from . import kernels
 from .cache_mode import CacheMode
 from .masks import layer_windows
+from .positions import ancestor_matrix, depths
 
 
 class BatchLayer(DynamicLayer):
@@ -158,15 +160,14 @@ class BatchCache(Cache):
         starts = torch.tensor(self.lengths, dtype=torch.long)
         ids = torch.zeros((self.rows, width), dtype=torch.long)
         real = torch.zeros((self.rows, width), dtype=torch.bool)
-        anc = torch.eye(width, dtype=torch.bool).repeat(self.rows, 1, 1)
+        anc = torch.eye(width, dtype=torch.bool).repeat(self.rows, 1, 1)  # padding rows see themselves
         depth = torch.arange(width).repeat(self.rows, 1)
         for b, (tokens, parents) in enumerate(drafts):
             n = len(tokens)
             ids[b, :n] = torch.tensor(tokens)
             real[b, :n] = True
-            for i, p in enumerate(parents, start=1):
-                anc[b, i] |= anc[b, p + 1]
-                depth[b, i] = depth[b, p + 1] + 1
+            anc[b, :n, :n] = ancestor_matrix(parents)
+            depth[b, 1:n] = torch.tensor(depths(parents), dtype=torch.long)
         self.reserve(self.max_length + width)
         q_pos = starts[:, None] + depth
         self.write_index = (torch.arange(self.rows)[:, None].to(dev), (starts[:, None] + torch.arange(width)).to(dev))

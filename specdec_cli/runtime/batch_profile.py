@@ -6,8 +6,9 @@ SmolLM2-135M (2 threads), 16 rows x 2 positions cost 1.84x 16 rows x 1 position,
 1.35x -- with many rows the forward is compute-bound and a draft token costs nearly what a whole row does. So the
 batched budget is priced with forwards timed as they run: for ``rows`` in powers of two up to the batch size and
 ``width`` in :data:`WIDTHS`, after ``CONTEXT`` cached tokens per row; between measured row counts the time is
-interpolated linearly; wider forwards are priced in proportion to their tokens (compute-bound). Cached like the one-sequence profile
-(per machine, torch version, threads, weights and kernels), measured once: a few seconds per row count.
+interpolated linearly; wider forwards are priced in proportion to their tokens (compute-bound). Cached like the
+one-sequence profile (per machine, torch version, threads, weights and kernels), measured once: a few seconds per
+row count.
 """
 
 from __future__ import annotations
