@@ -143,3 +143,23 @@ def test_compiled_ar_equals_eager_ar_on_gpu(gpu_smollm2, gpu_cases):
     drafter = api.make_drafter("ar", gpu_smollm2, compile="off")
     for ids, expected in gpu_cases:
         assert api.run(gpu_smollm2, ids, drafter, max_new_tokens=NEW_TOKENS, compile="off").tokens == expected
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_batched_decoding_matches_ar_on_gpu(make):
+    """The batched cache's per-row writes, ragged masks and row removal on the device."""
+    from specdec_cli.engine.batch import generate_batch
+    from specdec_cli.engine.loop import Drafter, generate
+
+    model = on_gpu(make(vocab=16))
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12], [3, 1, 4, 1, 5]]
+    expected = [generate(model, p, Drafter(), max_new_tokens=12).tokens for p in prompts]
+    results = generate_batch(model, prompts, [Drafter() for _ in range(3)], max_new_tokens=12)
+    assert [r.tokens for r in results] == expected
+
+
+@pytest.mark.parametrize("method", ["auto", "pld"])
+def test_batched_methods_match_ar_on_smollm2_gpu(gpu_smollm2, gpu_cases, method):
+    drafters = api.make_drafters(method, gpu_smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), count=2)
+    results = api.run_batch(gpu_smollm2, [ids for ids, _ in gpu_cases], drafters, max_new_tokens=NEW_TOKENS)
+    assert [r.tokens for r in results] == [ar for _, ar in gpu_cases]

@@ -68,10 +68,15 @@ def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
     for row in range(rows):
         cache.load_row(row, single, context)
 
+    device = forward.input_device(model)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
     def once(width: int) -> float:
         draft = (ctx[context: context + width], list(range(-1, width - 2)))
+        sync()
         t0 = time.perf_counter()
         cache.forward(model, [draft] * rows)
+        sync()
         spent = time.perf_counter() - t0
         cache.keep_paths([[]] * rows)  # back to the context
         cache.lengths = [context] * rows
