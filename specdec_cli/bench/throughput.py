@@ -97,7 +97,7 @@ def row(method: str, batch: int | str, outputs: list[list[int]], seconds: float,
             "peak_rss_mib": peak}
 
 
-def sequential_ar(target, ids: list[list[int]], settings) -> tuple[dict, list[list[int]]]:
+def sequential_ar(target, ids: list[list[int]], settings, greedy: bool) -> tuple[dict, list[list[int]]]:
     drafter = api.make_drafter("ar", target, [], settings)
     api.run(target, ids[0], drafter, settings, max_new_tokens=WARMUP_TOKENS)
     reset_peak()
@@ -106,7 +106,7 @@ def sequential_ar(target, ids: list[list[int]], settings) -> tuple[dict, list[li
     seconds = time.perf_counter() - t0
     outputs = [r.tokens for r in results]
     return row("ar", "sequential", outputs, seconds, [r.total_s for r in results],
-               sum(len(r.steps) for r in results), outputs, peak_mib()), outputs
+               sum(len(r.steps) for r in results), outputs if greedy else None, peak_mib()), outputs
 
 
 def hf_batched(target, ids: list[list[int]], size: int, max_new_tokens: int,
@@ -179,7 +179,7 @@ def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | No
     set_threads(cfg.settings.threads)
     log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
     ids = [encode_turn(target, p, 0, [], cfg.max_new_tokens) for p in prompts]
-    first, reference = sequential_ar(target, ids, cfg.settings)
+    first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy)
     rows = [first]
     log(f"ar sequential: {first['tokens_per_s']:.1f} tok/s")
     for size in sizes:
