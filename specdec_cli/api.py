@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 
 from .runtime import profile
-from .runtime import kernels
+from .runtime import decoder, kernels
 from .config import RunSettings, SamplingConfig
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
@@ -51,6 +51,9 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
         for draft in loaded:  # a draft model of its own (not a copy of the target) is a float model like it
             if not draft.info.get("copy_of_target"):
                 draft.info["kernels"] = kernels.install(draft.model, progress=note)
+    else:  # PyTorch's kernels and transformers' own module code, as they come
+        for m in (target, *loaded):
+            decoder.disable(m.model)
     return target, loaded
 
 

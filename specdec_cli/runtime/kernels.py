@@ -14,7 +14,12 @@ dispatches on the row count through a *plan* measured once per machine, thread c
 * ``nt``     -- ``F.linear(x, W)``, PyTorch's own path (also the fallback);
 * ``tn``     -- ``(W @ x.T).T``: the same product, with MKL choosing another kernel;
 * ``wt``     -- ``x @ W_t`` with a contiguous transposed copy ``W_t`` (extra memory);
-* ``mkldnn`` -- oneDNN's inner product on a blocked copy of ``W`` (extra memory).
+* ``mkldnn`` -- oneDNN's inner product on a blocked copy of ``W`` (extra memory);
+* ``dot``    -- one vectorised dot product per output (:func:`dot_rows`, compiled by numba): each weight row is
+  read once, from ``W`` as it is, for all the input rows. Single-threaded MKL's GEMV streams a 576-wide weight
+  at ~11 GB/s on the EPYC of docs/profiling.md, this loop at 20-28 GB/s (a plain read runs at ~31 GB/s). Each
+  output's sum runs in the same order whatever the row count, so a verification forward's logits are those a
+  one-row forward gives.
 
 All four compute the float32 product (only the summation order differs, as it does between PyTorch's own
 kernels for different row counts). Copies are kept only where the plan uses them and only while they fit in
@@ -31,21 +36,28 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..io.atomic import write_cache
+from .jit import COMPILED, njit
 from .machine import available_bytes, cpu_name
 
-STRATEGIES = ("nt", "tn", "wt", "mkldnn")
+# "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
+STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
+DOT_ROWS = 16  # "dot" re-reads each weight row per input row from L1: timed up to this many rows only
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3
 
 _ACTIVE = False
+PACKED = ("wt", "mkldnn", "dot")  # strategies that keep something beside the weight (only "wt"/"mkldnn" copy it)
+COPIES = ("wt", "mkldnn")
+SWAPS = "_specdec_kernel_swaps"  # a model attribute counting installs (runtime.decoder re-reads the layers)
 
 
 @contextmanager
@@ -67,8 +79,28 @@ def bucket_of(n: int) -> int:
     return BUCKETS[-1]
 
 
+@njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, boundscheck=False)
+def dot_rows(x, w, y):  # pragma: no cover - compiled
+    """``y[r, j] = x[r] . w[j]`` (float32 ``x [n, K]``, ``w [N, K]``, ``y [n, N]``): the weight streamed once."""
+    n, k_dim = x.shape
+    for j in range(w.shape[0]):
+        for r in range(n):
+            acc = np.float32(0.0)
+            for k in range(k_dim):
+                acc += x[r, k] * w[j, k]
+            y[r, j] = acc
+
+
+def _dot(x2: torch.Tensor, w_np) -> torch.Tensor:
+    y = torch.empty((x2.shape[0], w_np.shape[0]), dtype=torch.float32)
+    dot_rows(x2.detach().numpy(), w_np, y.numpy())
+    return y
+
+
 def _apply(strategy: str, x2: torch.Tensor, weight: torch.Tensor, packed: dict) -> torch.Tensor:
     """``x2 @ weight.T`` by ``strategy`` (``x2``: contiguous ``[n, in]``)."""
+    if strategy == "dot":
+        return _dot(x2, packed["dot"])
     if strategy == "tn":
         return (weight @ x2.t()).t()
     if strategy == "wt":
@@ -79,6 +111,8 @@ def _apply(strategy: str, x2: torch.Tensor, weight: torch.Tensor, packed: dict) 
 
 
 def _pack(strategy: str, weight: torch.Tensor):
+    if strategy == "dot":  # a numpy view of the weight itself (no copy)
+        return weight.detach().contiguous().numpy()
     if strategy == "wt":
         return weight.detach().t().contiguous()
     if strategy == "mkldnn":
@@ -96,7 +130,7 @@ class FastLinear(torch.nn.Module):
         self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
         self.wide = self.plan.get(BUCKETS[-1], "nt")
         with torch.no_grad():
-            self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in ("wt", "mkldnn")}
+            self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in PACKED}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // self.in_features
@@ -157,12 +191,12 @@ def tune_shape(weights: list[torch.Tensor], strategies=STRATEGIES, buckets=BUCKE
         weights = [weights[0][: max(TUNE_BYTES // (in_features * weights[0].element_size()), 1)]]
     else:
         weights = weights[: max(TUNE_BYTES // per, 1)]
-    packed = [{s: _pack(s, w) for s in strategies if s in ("wt", "mkldnn")} for w in weights]
+    packed = [{s: _pack(s, w) for s in strategies if s in PACKED} for w in weights]
     plan = {}
     for n in buckets:
         x = torch.randn(n, in_features)
         wide = n > WIDE  # compute-bound: a quarter of the weights is plenty, two rounds, no "tn"
-        these = [s for s in strategies if not (wide and s == "tn")]
+        these = [s for s in strategies if not (wide and s == "tn") and not (n > DOT_ROWS and s == "dot")]
         subset = max(len(weights) // 4, 1) if wide else len(weights)
         best = {s: float("inf") for s in strategies}
         for rep in range((2 if wide else reps) + 1):  # the first round warms up
@@ -172,11 +206,11 @@ def tune_shape(weights: list[torch.Tensor], strategies=STRATEGIES, buckets=BUCKE
                     _apply(s, x, w, p).contiguous()
                 if rep:
                     best[s] = min(best[s], time.perf_counter() - t0)
-        free = min(("nt", "tn"), key=best.get) if "tn" in best else "nt"
+        free = min((s for s in these if s not in COPIES), key=best.get)
         if best[free] >= SWITCH_MARGIN * best["nt"]:
             free = "nt"
         fastest = min(best, key=best.get)
-        plan[n] = fastest if fastest in ("nt", "tn") or best[fastest] < SWITCH_MARGIN * best[free] else free
+        plan[n] = fastest if best[fastest] < SWITCH_MARGIN * best[free] else free
     return plan
 
 
@@ -222,7 +256,7 @@ def plans_for(model, progress=None) -> dict[tuple[int, int], dict[int, str]]:
 
 
 def extra_bytes(plan: dict[int, str], weight: torch.Tensor) -> int:
-    return len({s for s in plan.values() if s in ("wt", "mkldnn")}) * weight.numel() * weight.element_size()
+    return len({s for s in plan.values() if s in COPIES}) * weight.numel() * weight.element_size()
 
 
 def install(model, progress=None) -> dict:
@@ -237,9 +271,10 @@ def install(model, progress=None) -> dict:
     budget = EXTRA_MEMORY_FRACTION * available_bytes()
     extra = sum(extra_bytes(plans[tuple(layer.weight.shape)], layer.weight) for _, _, layer in layers)
     if extra > budget:
-        plans = {shape: {n: (s if s in ("nt", "tn") else "nt") for n, s in plan.items()} for shape, plan in plans.items()}
+        plans = {shape: {n: (s if s not in COPIES else "nt") for n, s in plan.items()} for shape, plan in plans.items()}
         extra = 0
     used: dict[str, int] = {}
+    object.__setattr__(model, SWAPS, getattr(model, SWAPS, 0) + 1)
     for parent, name, layer in layers:
         plan = plans[tuple(layer.weight.shape)]
         setattr(parent, name, FastLinear(layer, plan))

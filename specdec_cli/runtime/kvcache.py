@@ -32,7 +32,7 @@ from functools import lru_cache
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from . import kernels
+from . import decoder, kernels
 from .cache_mode import CacheMode
 from .masks import layer_masks, layer_windows, tree_mask
 from .positions import ancestor_matrix, depths, is_chain
@@ -254,6 +254,10 @@ class GrowingCache(KVCache):
     def forward(self, model, tokens: list[int], parents: list[int] | None = None,
                 keep: int | None = None) -> torch.Tensor:
         dev = model.get_input_embeddings().weight.device
+        if len(tokens) <= decoder.MAX_ROWS:
+            out = decoder.run(self, model, tokens, parents, keep)
+            if out is not None:
+                return out
         ids = torch.tensor([tokens], dtype=torch.long, device=dev)
         if parents is None or is_chain(parents):
             start = self.length

@@ -1,0 +1,232 @@
+"""A lean decoding forward for the architectures it knows (Llama family, Gemma-3): the model's own weights and
+modules, without transformers' per-call machinery.
+
+Why (docs/profiling.md): a decoding step pushes one to a few dozen tokens through every layer, so the matrix
+products are small and the time between them counts. In transformers' module code each step builds masks and
+rotary tables, walks ``**kwargs`` and decorators through every layer and calls ~15 modules per layer; on the CPU
+that was a third of SmolLM2-135M's step (30 thin layers). This forward does per layer only the tensor work:
+
+* the norms with the same float32 operations as transformers' ``RMSNorm`` modules (Llama: ``w * x_normed``;
+  Gemma: ``x_normed * (1 + w)``), computed on the weights the modules hold;
+* the linear layers by calling their own ``forward`` (so :class:`~specdec_cli.runtime.kernels.FastLinear`'s
+  measured kernels, int8 dynamic quantization, biases all apply as they do in the model);
+* rotary embeddings from tables made once by the model's own rotary module over positions ``0..capacity``
+  (the same float32 values it computes per step), gathered once per forward per layer type;
+* the keys/values written by the cache's own layers (``update``: growing buffers, sliding-window views);
+* attention by ``scaled_dot_product_attention``: one query row attends every visible entry with no mask and
+  grouped-query heads packed (no ``repeat_kv`` copy); more rows take the cache's 4-D tree/chain mask.
+
+Only forwards of at most :data:`MAX_ROWS` query rows use it (decoding and verification); a prefill runs the
+model's own forward, where the products dominate. Numbers are those of the model's forward up to float32
+summation order (the tests compare logits and require greedy output identical to ``ar``'s and to
+transformers' ``generate``).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from . import kernels
+from .masks import layer_windows
+from .positions import chain_parents, is_chain
+
+MAX_ROWS = 64
+ARCHS = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3"}
+
+
+class Layer:
+    """One decoder layer's handles: norm weights, the linear modules' ``forward``, the rotary table it uses."""
+
+    __slots__ = ("norms", "q", "k", "v", "o", "gate", "up", "down", "q_norm", "k_norm", "rope", "act")
+
+    def __init__(self, layer, kind: str, rope: str):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.q, self.k, self.v, self.o = (m.forward for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        self.gate, self.up, self.down = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward
+        self.act = mlp.act_fn
+        names = ("input_layernorm", "post_attention_layernorm") if kind == "llama" else \
+            ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+        self.norms = [getattr(layer, n) for n in names]
+        self.q_norm = getattr(attn, "q_norm", None)
+        self.k_norm = getattr(attn, "k_norm", None)
+        self.rope = rope
+
+
+def _llama_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(dtype)
+
+
+def _gemma_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return (h * (1.0 + norm.weight.float())).type_as(x)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rotated * sin)
+
+
+class Decoder:
+    """The lean forward of one model (made by :func:`decoder_for`, cached on the model)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.kind = ARCHS[type(model).__name__]
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        inner = model.model
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
+        layers = list(inner.layers[: cfg.num_hidden_layers])
+        rope_of = (lambda t: t) if self.kind == "gemma3" else (lambda t: "full_attention")
+        self.layers = [Layer(layer, self.kind, rope_of(t)) for layer, t in zip(layers, types)]
+        self.types = types
+        self.windows = [w for w in layer_windows(model.config) if w] and layer_windows(model.config)
+        self.scale = layers[0].self_attn.scaling
+        self.embed = inner.embed_tokens
+        self.final_norm = inner.norm
+        self.lm_head = model.lm_head.forward
+        self.vocab = model.lm_head.out_features
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.norm = _llama_norm if self.kind == "llama" else _gemma_norm
+        self.rotary = inner.rotary_emb
+        self.stamp = getattr(model, kernels.SWAPS, 0)
+        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.capacity = 0
+
+    def windows_shown_by(self, cache) -> bool:
+        """Whether each sliding-window layer's cache shows only its window (then one query row needs no mask)."""
+        return all(w is None or getattr(layer, "window", None) == w for w, layer in zip(self.windows, cache.layers))
+
+    @torch.inference_mode()
+    def _rope_tables(self, needed: int) -> None:
+        """cos/sin ``[capacity, head_dim]`` per rope kind, by the model's own rotary module."""
+        if needed <= self.capacity:
+            return
+        capacity = max(needed, 2 * self.capacity, 1024)
+        w = self.embed.weight
+        pos = torch.arange(capacity, device=w.device).unsqueeze(0)
+        probe = torch.empty(1, 1, 1, dtype=w.dtype, device=w.device)
+        for kind in set(layer.rope for layer in self.layers):
+            cos, sin = self.rotary(probe, pos, kind) if self.kind == "gemma3" else self.rotary(probe, pos)
+            self.tables[kind] = (cos[0], sin[0])
+        self.capacity = capacity
+
+    @torch.inference_mode()
+    def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask, keep: int | None) -> torch.Tensor:
+        """Logits ``[rows, V]`` (float32) for ``ids`` ``[n]`` at ``positions`` ``[n]`` after the cached prefix;
+        ``mask``: None (one row, or rows that may see every visible entry) or the cache's 4-D additive mask (a
+        dict per layer type where full and sliding-window layers mix); ``keep``: the last rows to return."""
+        n = ids.shape[0]
+        self._rope_tables(int(positions.max()) + 1)
+        x = self.embed.forward(ids.unsqueeze(0))  # Gemma's module scales by sqrt(hidden) itself
+        rope = {k: (cos[positions][None, None], sin[positions][None, None]) for k, (cos, sin) in self.tables.items()}
+        hd, heads, kv_heads = self.head_dim, self.heads, self.kv_heads
+        groups = heads // kv_heads
+        norm, gemma = self.norm, self.kind == "gemma3"
+        for i, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers)):
+            h = norm(x, layer.norms[0])
+            q = layer.q(h).view(1, n, heads, hd).transpose(1, 2)
+            k = layer.k(h).view(1, n, kv_heads, hd).transpose(1, 2)
+            v = layer.v(h).view(1, n, kv_heads, hd).transpose(1, 2)
+            if layer.q_norm is not None:
+                q, k = norm(q, layer.q_norm), norm(k, layer.k_norm)
+            cos, sin = rope[layer.rope]
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            k, v = cache_layer.update(k, v)
+            m = mask if mask is None or torch.is_tensor(mask) else mask[self.types[i]]
+            if groups > 1:
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=self.scale, enable_gqa=True)
+            else:
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=self.scale)
+            a = layer.o(a.reshape(1, heads, n, hd).transpose(1, 2).reshape(1, n, heads * hd))
+            if gemma:
+                x = x + norm(a, layer.norms[1])
+                h = norm(x, layer.norms[2])
+                x = x + norm(layer.down(layer.act(layer.gate(h)) * layer.up(h)), layer.norms[3])
+            else:
+                x = x + a
+                h = norm(x, layer.norms[1])
+                x = x + layer.down(layer.act(layer.gate(h)) * layer.up(h))
+        if keep is not None:
+            if keep == 0:
+                return x.new_empty(0, self.vocab, dtype=torch.float32)
+            x = x[:, -keep:]
+        logits = self.lm_head(norm(x, self.final_norm))
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits[0].float()
+
+
+_DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> Decoder, or None: not used
+
+
+def decoder_for(model) -> Decoder | None:
+    """The model's lean forward, or None when its architecture or setup is not one this module knows (or
+    :func:`disable` was called). Made once per model object -- a copy of a model (a quantized draft) gets its
+    own -- and again after :func:`specdec_cli.runtime.kernels.install` swapped its linear layers."""
+    dec = _DECODERS.get(model, False)
+    if dec is False or (dec is not None and dec.stamp != getattr(model, kernels.SWAPS, 0)):
+        dec = _DECODERS[model] = Decoder(model) if supported(model) else None
+    return dec
+
+
+def _growing_layers(cache, count: int) -> bool:
+    """Whether ``cache`` has ``count`` layers that grow by ``update`` (made now if the cache makes them lazily)."""
+    make = getattr(cache, "layer_class_to_replicate", None)
+    while make is not None and len(cache.layers) < count:
+        cache.layers.append(make())
+    return len(cache.layers) == count and all(getattr(layer, "grows", False) for layer in cache.layers)
+
+
+def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | None) -> torch.Tensor | None:
+    """One forward of ``tokens`` (a chain, or a tree by ``parents``) after ``cache``'s prefix by the lean path;
+    None when ``model`` has none. One row needs no mask; more rows take the cache's tree mask (a chain is the tree
+    ``-1, 0, 1, ...``) and only a chain returns fewer than all rows."""
+    dec = decoder_for(model)
+    if dec is None or not _growing_layers(cache, len(dec.layers)):
+        return None
+    dev = dec.embed.weight.device
+    ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+    if len(tokens) == 1 and dec.windows_shown_by(cache):
+        mask, pos = None, torch.tensor([cache.length], device=dev)
+    else:
+        chain = parents is None or is_chain(parents)
+        mask, pos = cache.tree_inputs(model, chain_parents(len(tokens) - 1) if chain else parents)
+        pos = pos[0].to(dev)
+        mask = mask.to(dev) if torch.is_tensor(mask) else {kind: m.to(dev) for kind, m in mask.items()}
+        keep = keep if chain else None
+    with kernels.active():
+        return dec.forward(cache, ids, pos, mask, keep)
+
+
+def disable(model) -> None:
+    """Run this model's forwards through transformers' own module code (``--kernels torch``)."""
+    _DECODERS[model] = None
+
+
+
+
+def supported(model) -> bool:
+    kind = ARCHS.get(type(model).__name__)
+    if kind is None:
+        return False
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
+        return False
+    if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "use_bidirectional_attention", False):
+        return False
+    if kind == "llama" and getattr(cfg, "pretraining_tp", 1) != 1:
+        return False
+    layer = model.model.layers[0]
+    scaling = getattr(layer.self_attn, "scaling", None)
+    return scaling is not None and not math.isnan(scaling) and hasattr(model, "lm_head")
