@@ -1,0 +1,139 @@
+"""The lean decoding forward (runtime/decoder.py) computes what transformers' module code computes, and the numba
+``dot`` kernel gives a row the same numbers whatever the number of rows beside it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec_cli.runtime import decoder, kernels
+from specdec_cli.runtime import forward as engine
+from specdec_cli.runtime.kvcache import GrowingCache
+from specdec_cli.engine.loop import Drafter, generate
+
+from conftest import CHAT_PROMPTS, tiny_gemma3, tiny_llama
+
+
+def stock_forward(model, cache, tokens, parents=None):
+    """The same forward through transformers' module code (the lean path switched off for this call)."""
+    saved = decoder._DECODERS.get(model, False)
+    decoder.disable(model)
+    try:
+        return cache.forward(model, tokens, parents)
+    finally:
+        if saved is False:
+            decoder._DECODERS.pop(model, None)
+        else:
+            decoder._DECODERS[model] = saved
+
+
+def lean_forward(model, cache, tokens, parents=None):
+    out = decoder.run(cache, model, tokens, parents, None)
+    assert out is not None, "the lean path did not take this forward"
+    return out
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+@pytest.mark.parametrize("windowed", [False, True])
+def test_lean_forward_equals_the_module_forward(make, windowed):
+    """One row, a chain and a tree, after a prefix longer than the sliding window, in a cache whose sliding layers
+    show their window only (windowed) or everything (then one row takes a mask too)."""
+    model = make(vocab=16)
+    assert decoder.decoder_for(model) is not None
+    rng = random.Random(0)
+    prefix = [rng.randrange(16) for _ in range(11)]
+    steps = [([4], None), ([3, 5, 7], None), ([3, 5, 7, 5, 2, 9, 1], [-1, -1, 0, 0, 1, 3]), ([6], None)]
+    caches = [engine.new_cache(model if windowed else None, capacity=1) for _ in range(2)]
+    for cache in caches:
+        stock_forward(model, cache, prefix)
+    for tokens, parents in steps:
+        tree = parents is not None
+        want = stock_forward(model, caches[0], tokens, parents)
+        got = lean_forward(model, caches[1], tokens, parents)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (tokens, parents)
+        if tree:  # keep the path root -> node 0 -> node 2 in both
+            for cache in caches:
+                engine.keep(cache, cache.length - len(tokens), [0, 1, 3])
+        for a, b in zip(caches[0].layers, caches[1].layers):
+            assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_logits_to_keep_and_no_logits(make):
+    model = make(vocab=16)
+    cache = engine.new_cache(model)
+    assert engine.forward_chain(model, cache, [1, 2, 3], keep=0).shape[0] == 0
+    last = engine.forward_chain(model, cache, [4, 5], keep=1)
+    assert last.shape[0] == 1
+    assert torch.allclose(last[0], stock_forward(model, engine.new_cache(model), [1, 2, 3, 4, 5])[-1], atol=1e-5)
+
+
+def test_greedy_generation_is_the_same_with_and_without_the_lean_path():
+    model = tiny_gemma3(vocab=16)
+    prompt = [1, 5, 2, 7, 3, 3, 9]
+    lean = generate(model, prompt, Drafter(), max_new_tokens=24).tokens
+    decoder.disable(model)
+    stock = generate(model, prompt, Drafter(), max_new_tokens=24).tokens
+    assert lean == stock
+
+
+def test_unknown_architectures_and_disabled_models_take_the_module_path():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=16, n_layer=1, n_head=2)).eval()
+    assert decoder.decoder_for(gpt2) is None
+    cache = engine.new_cache(gpt2)
+    assert decoder.run(cache, gpt2, [1, 2], None, None) is None
+    assert engine.forward_chain(gpt2, cache, [1, 2]).shape == (2, 16)
+    model = tiny_llama()
+    decoder.disable(model)
+    assert decoder.decoder_for(model) is None
+
+
+def test_other_cache_layers_take_the_module_path():
+    from transformers.cache_utils import DynamicLayer
+
+    model = tiny_llama()
+    cache = GrowingCache(layer_class_to_replicate=DynamicLayer)
+    assert decoder.run(cache, model, [1, 2], None, None) is None
+
+
+def test_installing_kernels_rebuilds_the_handles(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    model = tiny_llama(vocab=16)
+    before = decoder.decoder_for(model)
+    kernels.install(model)
+    after = decoder.decoder_for(model)
+    assert after is not before
+    assert isinstance(model.model.layers[0].self_attn.q_proj, kernels.FastLinear)
+    assert after.layers[0].q.__self__ is model.model.layers[0].self_attn.q_proj
+
+
+@pytest.mark.skipif("dot" not in kernels.STRATEGIES, reason="numba not installed")
+def test_dot_kernel_gives_a_row_the_same_numbers_whatever_rows_are_beside_it():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(576, 192, bias=False)
+    layer = kernels.FastLinear(linear, {b: "dot" for b in kernels.BUCKETS})
+    x = torch.randn(1, 8, 576)
+    with torch.inference_mode(), kernels.active():
+        alone = torch.cat([layer(x[:, i: i + 1]) for i in range(8)], dim=1)
+        together = layer(x)
+    assert torch.equal(alone, together)
+    assert torch.allclose(together, linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_real_model_greedy_equals_transformers_generate(smollm2):
+    """SmolLM2 through the lean path and the measured kernels gives transformers' own greedy output."""
+    from specdec_cli import api
+
+    for text in CHAT_PROMPTS[:2]:
+        ids = api.encode_prompt(smollm2, text, max_new_tokens=32)
+        ours = api.run(smollm2, ids, api.make_drafter("ar", smollm2), max_new_tokens=32).tokens
+        with torch.inference_mode():
+            out = smollm2.model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                         attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        theirs = out[0, len(ids):].tolist()
+        assert ours == theirs[: len(ours)], text
