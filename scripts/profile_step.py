@@ -9,7 +9,9 @@ other linear layers, the KV-cache append (``aten::cat`` in transformers' ``Dynam
 attention, Python time between the ops (transformers' module calls), and the other ops (norms, activations,
 rotary embeddings). It also times the prefill of the context: with all logits (what the engine did
 before) and with none (what it does now). ``--cache dynamic`` uses transformers' ``DynamicLayer`` (``DynamicCache``'s) instead of
-:mod:`specdec_cli.runtime.kvcache`. Output: a Markdown table, or JSON with ``--json``.
+:mod:`specdec_cli.runtime.kvcache`. ``--path module`` runs transformers' module code instead of the engine's lean
+forward (:mod:`specdec_cli.runtime.decoder`); the numba ``dot`` kernel's calls count as linear. Output: a Markdown
+table, or JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,37 @@ import statistics
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+DOT = "specdec::dot"  # the numba kernel's calls, marked for the profiler by this script only
+
+
+def mark_dot_kernel(kernels, record_function) -> None:
+    """Wrap the numba ``dot`` strategy in a profiler range (it is no aten op, so its time would count as Python)."""
+    plain = kernels.dot_rows
+
+    def marked(x, w, y):
+        with record_function(DOT):
+            return plain(x, w, y)
+
+    kernels.dot_rows = marked
+
+
+def time_lm_head(model, decoder, head_ms: dict) -> None:
+    """Time the LM head however it is called: module hooks (transformers' path) and the lean path's handle."""
+    head = model.get_output_embeddings()
+    head.register_forward_pre_hook(lambda m, i: head_ms.__setitem__(-1, time.perf_counter()))
+    head.register_forward_hook(lambda m, i, o: head_ms.__setitem__(
+        0, head_ms.get(0, 0.0) + (time.perf_counter() - head_ms.pop(-1)) * 1000))
+    dec = decoder.decoder_for(model)
+    if dec is not None:
+        plain = dec.lm_head
+
+        def timed(x):
+            t0 = time.perf_counter()
+            out = plain(x)
+            head_ms[0] = head_ms.get(0, 0.0) + (time.perf_counter() - t0) * 1000
+            return out
+
+        dec.lm_head = timed
 
 
 def categorize(profile) -> dict[str, float]:
@@ -29,7 +62,7 @@ def categorize(profile) -> dict[str, float]:
     for ev in profile.key_averages():
         ms = ev.self_cpu_time_total / 1000.0
         name = ev.key
-        if name in ("aten::mm", "aten::addmm", "aten::mkldnn_linear", "aten::bmm") and "attention" not in name:
+        if name in ("aten::mm", "aten::addmm", "aten::mkldnn_linear", "aten::bmm", DOT) and "attention" not in name:
             out["linear"] += ms
         elif name == "aten::cat":
             out["kv_append"] += ms
@@ -50,6 +83,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kernels", choices=("auto", "torch"), default="auto")
     ap.add_argument("--cache", choices=("growing", "dynamic"), default="growing")
+    ap.add_argument("--path", choices=("lean", "module"), default="lean",
+                    help="lean: runtime/decoder.py's forward (the engine's); module: transformers' module code")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -61,15 +96,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from specdec_cli.runtime import forward as engine
     from specdec_cli.runtime.kvcache import GrowingCache
-    from specdec_cli.runtime import kernels
+    from specdec_cli.runtime import decoder, kernels
     from specdec_cli.io.models import load_model
 
     target = load_model(args.model, dtype="float32", device="cpu")
     model = target.model
     if args.kernels == "auto":
         kernels.install(model)
-    head = model.get_output_embeddings()
-    vocab = head.weight.shape[0]
+    if args.path == "module":
+        decoder.disable(model)
+    mark_dot_kernel(kernels, record_function)
+    vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (args.context + 80,), generator=gen).tolist()
 
@@ -93,12 +130,7 @@ def main() -> None:
     engine.forward_chain(model, cache, ctx[: args.context - 1], keep=0)
     base = engine.cache_len(cache)
     head_ms: dict[int, float] = {}
-
-    def timed_head(module, inputs, output):
-        head_ms[0] = head_ms.get(0, 0.0) + (time.perf_counter() - head_ms.pop(-1)) * 1000
-
-    pre = head.register_forward_pre_hook(lambda m, i: head_ms.__setitem__(-1, time.perf_counter()))
-    post = head.register_forward_hook(timed_head)
+    time_lm_head(model, decoder, head_ms)
     for n in [int(x) for x in args.tokens.split(",")]:
         tokens = ctx[args.context - 1: args.context - 1 + n]
 
@@ -120,14 +152,13 @@ def main() -> None:
         lm = head_ms.get(0, 0.0)
         cats["linear"] = max(cats["linear"] - lm, 0.0)
         rows.append({"step": f"forward n={n}", "ms": 1000 * statistics.median(wall), "lm_head": lm, **cats})
-    pre.remove()
-    post.remove()
 
     if args.json:
         print(json.dumps({"model": args.model, "context": args.context, "threads": args.threads,
-                          "kernels": args.kernels, "cache": args.cache, "rows": rows}))
+                          "kernels": args.kernels, "cache": args.cache, "path": args.path, "rows": rows}))
         return
-    print(f"{args.model}, context {args.context}, {args.threads} thread(s), kernels={args.kernels}, cache={args.cache}\n")
+    print(f"{args.model}, context {args.context}, {args.threads} thread(s), kernels={args.kernels}, cache={args.cache}, "
+          f"path={args.path}\n")
     print("| step | wall ms | LM head | other linear | KV append | attention | Python | other ops |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

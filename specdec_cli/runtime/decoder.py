@@ -50,29 +50,41 @@ class Layer:
         self.act = mlp.act_fn
         names = ("input_layernorm", "post_attention_layernorm") if kind == "llama" else \
             ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
-        self.norms = [getattr(layer, n) for n in names]
-        self.q_norm = getattr(attn, "q_norm", None)
-        self.k_norm = getattr(attn, "k_norm", None)
+        gemma = kind == "gemma3"
+        self.norms = [_norm_weights(getattr(layer, n), gemma) for n in names]
+        self.q_norm = _norm_weights(attn.q_norm, gemma) if hasattr(attn, "q_norm") else None
+        self.k_norm = _norm_weights(attn.k_norm, gemma) if hasattr(attn, "k_norm") else None
         self.rope = rope
 
 
-def _llama_norm(x: torch.Tensor, norm) -> torch.Tensor:
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
+def _norm_weights(norm, gemma: bool) -> tuple[torch.Tensor, float]:
+    """A norm module's (weight, eps) as its forward uses them: Gemma's ``1 + w`` in float32, Llama's ``w``."""
+    if gemma:
+        return 1.0 + norm.weight.detach().float(), norm.eps
+    return norm.weight.detach(), norm.variance_epsilon
 
 
-def _gemma_norm(x: torch.Tensor, norm) -> torch.Tensor:
+def _llama_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm``: normalised in float32, cast back, then scaled."""
+    weight, eps = norm
+    h = x if x.dtype == torch.float32 else x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
+
+
+def _gemma_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """transformers' ``Gemma3RMSNorm``: normalised and scaled by ``1 + w`` in float32, then cast back."""
+    weight, eps = norm
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
-    return (h * (1.0 + norm.weight.float())).type_as(x)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = h * weight
+    return h if x.dtype == torch.float32 else h.type_as(x)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos) + (rotated * sin)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """transformers' ``x * cos + rotate_half(x) * sin``: ``rotate_half(x) = cat(-x2, x1)`` is ``roll(x)`` with the
+    first half's sign moved into the sine table (exact: a sign flip rounds nothing)."""
+    return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * signed_sin)
 
 
 class Decoder:
@@ -93,7 +105,7 @@ class Decoder:
         self.windows = [w for w in layer_windows(model.config) if w] and layer_windows(model.config)
         self.scale = layers[0].self_attn.scaling
         self.embed = inner.embed_tokens
-        self.final_norm = inner.norm
+        self.final_norm = _norm_weights(inner.norm, self.kind == "gemma3")
         self.lm_head = model.lm_head.forward
         self.vocab = model.lm_head.out_features
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
@@ -118,7 +130,8 @@ class Decoder:
         probe = torch.empty(1, 1, 1, dtype=w.dtype, device=w.device)
         for kind in set(layer.rope for layer in self.layers):
             cos, sin = self.rotary(probe, pos, kind) if self.kind == "gemma3" else self.rotary(probe, pos)
-            self.tables[kind] = (cos[0], sin[0])
+            half = sin.shape[-1] // 2
+            self.tables[kind] = (cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1))
         self.capacity = capacity
 
     @torch.inference_mode()

@@ -131,15 +131,21 @@ class FastLinear(torch.nn.Module):
         self.wide = self.plan.get(BUCKETS[-1], "nt")
         with torch.no_grad():
             self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in PACKED}
+        # plain attributes for the per-call checks (a Parameter is looked up through Module.__getattr__)
+        self._dtype, self._dot = self.weight.dtype, self._packed.get("dot") if self.bias is None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // self.in_features
-        if not _ACTIVE or x.dtype != self.weight.dtype:
+        if not _ACTIVE or x.dtype != self._dtype:
             strategy = "nt"
         else:
             strategy = self.table[n] if n <= WIDE else self.wide
         if strategy == "nt":
             return F.linear(x, self.weight, self.bias)
+        if strategy == "dot" and self._dot is not None and x.is_contiguous():  # the decoding step's path
+            y = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32)
+            dot_rows(x.detach().view(n, self.in_features).numpy(), self._dot, y.view(n, self.out_features).numpy())
+            return y
         # both sides in the row-major layout the plan was measured with (a transposed view would make MKL pick
         # another, sometimes far slower, kernel in the next layer)
         y = _apply(strategy, x.reshape(n, self.in_features).contiguous(), self.weight, self._packed).contiguous()
