@@ -5,6 +5,7 @@
 #   bash scripts/bench_step.sh MODEL OUT.jsonl [SPECDEC_COMMAND...]
 set -euo pipefail
 model=$1; out=$2; shift 2
+prompts="$(cd "$(dirname "$0")/.." && pwd)/docs/results/issue25-quicksort.jsonl"
 cmd=("${@:-specdec}")
 python3 - <<'PY'
 import time, numpy as np
@@ -12,5 +13,5 @@ a = np.ones(512 * 1024 * 1024 // 8)
 best = min((lambda t: (a.sum(), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(5))
 print(f"single-thread read bandwidth (numpy sum over 512 MB, best of 5): {a.nbytes / best / 1e9:.1f} GB/s")
 PY
-"${cmd[@]}" bench --model "$model" --prompts docs/results/issue25-quicksort.jsonl -n 64 --threads 1 \
+"${cmd[@]}" bench --model "$model" --prompts "$prompts" -n 64 --threads 1 \
   --methods ar,hf --out "$out"

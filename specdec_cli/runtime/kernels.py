@@ -47,9 +47,9 @@ from .machine import available_bytes, cpu_name
 # "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
 STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
-DOT_ROWS = 16  # "dot" re-reads each weight row per input row from L1: timed up to this many rows only
+DOT_ROWS = 4  # "dot" computes one dot product per row and output: compute-bound beyond a few rows (timed up to this)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3

@@ -68,11 +68,14 @@ class Profile:
 
 
 def model_key(model, extra: str = "") -> str:
-    """Identity of a model's compute: class, dtype, device, weight shapes, installed kernel plans."""
+    """Identity of a model's compute: class, dtype, device, weight shapes, installed kernel plans, and whether its
+    forwards take the lean path (:mod:`specdec_cli.runtime.decoder`)."""
+    from .decoder import decoder_for
     from .kernels import FastLinear, machine_key
 
     h = hashlib.sha256()
-    h.update(f"{machine_key()}|{type(model).__name__}|{extra}|v{PROFILE_VERSION}".encode())
+    lean = decoder_for(model) is not None
+    h.update(f"{machine_key()}|{type(model).__name__}|{extra}|lean={lean}|v{PROFILE_VERSION}".encode())
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor):

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Issue 25: the `auto` issue's table redone after the faster step -- `auto` with no flags (what a new user gets)
+# against `ar`, the copy-based single methods, `sd` with the int8 copy as its draft (mt-bench) and, on the code
+# sets, transformers' `hf` and `hf-pld`, all in the same run; 8 prompts, 128 new tokens, one thread.
+#   bash scripts/bench_issue25.sh MODEL OUT_PREFIX
+set -euo pipefail
+model=$1; out=$2
+for set in humaneval long-edit rag mt-bench; do
+  extra=(); methods="ar,auto,pld,ngram-trie"
+  case $set in
+    humaneval|long-edit) methods="$methods,hf,hf-pld";;
+    mt-bench) methods="$methods,sd"; extra=(--draft int8:);;
+  esac
+  specdec bench --model "$model" --prompts "$set" --limit 8 -n 128 --threads 1 --methods "$methods" \
+    "${extra[@]}" --out "$out-$set.jsonl"
+done
