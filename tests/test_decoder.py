@@ -93,6 +93,18 @@ def test_unknown_architectures_and_disabled_models_take_the_module_path():
     assert decoder.decoder_for(model) is None
 
 
+def test_a_model_with_a_decoder_can_be_freed():
+    import gc
+    import weakref
+
+    model = tiny_llama()
+    assert decoder.decoder_for(model) is not None
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
 def test_other_cache_layers_take_the_module_path():
     from transformers.cache_utils import DynamicLayer
 

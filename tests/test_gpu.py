@@ -163,3 +163,21 @@ def test_batched_methods_match_ar_on_smollm2_gpu(gpu_smollm2, gpu_cases, method)
     drafters = api.make_drafters(method, gpu_smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), count=2)
     results = api.run_batch(gpu_smollm2, [ids for ids, _ in gpu_cases], drafters, max_new_tokens=NEW_TOKENS)
     assert [r.tokens for r in results] == [ar for _, ar in gpu_cases]
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_lean_forward_equals_the_module_forward_on_gpu(make):
+    """runtime/decoder.py on the device: the same logits as transformers' module code (issue 25)."""
+    from specdec_cli.runtime import decoder
+
+    model = on_gpu(make(vocab=16))
+    prefix, tokens, parents = [1, 7, 3, 9, 4, 12, 5, 2, 8], [3, 5, 7, 5, 2, 9, 1], [-1, -1, 0, 0, 1, 3]
+    lean_cache = engine.new_cache(model)
+    engine.forward_chain(model, lean_cache, prefix)
+    lean = [engine.forward_chain(model, lean_cache, [6]), engine.forward_tree(model, lean_cache, 4, tokens[1:], parents)]
+    decoder.disable(model)
+    stock_cache = engine.new_cache(model)
+    engine.forward_chain(model, stock_cache, prefix)
+    stock = [engine.forward_chain(model, stock_cache, [6]), engine.forward_tree(model, stock_cache, 4, tokens[1:], parents)]
+    for a, b in zip(lean, stock):
+        assert torch.allclose(a, b, atol=1e-4)

@@ -13,13 +13,15 @@ that was a third of SmolLM2-135M's step (30 thin layers). This forward does per 
 * rotary embeddings from tables made once by the model's own rotary module over positions ``0..capacity``
   (the same float32 values it computes per step), gathered once per forward per layer type;
 * the keys/values written by the cache's own layers (``update``: growing buffers, sliding-window views);
-* attention by ``scaled_dot_product_attention``: one query row attends every visible entry with no mask and
-  grouped-query heads packed (no ``repeat_kv`` copy); more rows take the cache's 4-D tree/chain mask.
+* attention by ``scaled_dot_product_attention`` with grouped-query heads given as they are (``enable_gqa``, no
+  ``repeat_kv`` copy): one query row attends every entry its layer shows with no mask; more rows take the cache's
+  4-D tree/chain mask.
 
 Only forwards of at most :data:`MAX_ROWS` query rows use it (decoding and verification); a prefill runs the
-model's own forward, where the products dominate. Numbers are those of the model's forward up to float32
-summation order (the tests compare logits and require greedy output identical to ``ar``'s and to
-transformers' ``generate``).
+model's own forward, where the products dominate. The numbers are the module code's: on SmolLM2-135M and
+Gemma-3-270M the logits are bitwise those of transformers' forward with the same linear kernels (1-16 rows;
+float32, and the bfloat16 and int8 copies); the tests compare logits on tiny models and require greedy output
+identical to transformers' ``generate``.
 """
 
 from __future__ import annotations
@@ -88,10 +90,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 class Decoder:
-    """The lean forward of one model (made by :func:`decoder_for`, cached on the model)."""
+    """The lean forward of one model (made by :func:`decoder_for`). It holds the model's modules and weights, never
+    the model itself (the cache of decoders is keyed weakly by the model)."""
 
     def __init__(self, model):
-        self.model = model
         self.kind = ARCHS[type(model).__name__]
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         inner = model.model
@@ -102,7 +104,7 @@ class Decoder:
         rope_of = (lambda t: t) if self.kind == "gemma3" else (lambda t: "full_attention")
         self.layers = [Layer(layer, self.kind, rope_of(t)) for layer, t in zip(layers, types)]
         self.types = types
-        self.windows = [w for w in layer_windows(model.config) if w] and layer_windows(model.config)
+        self.windows = layer_windows(model.config)  # per layer: its sliding window, or None
         self.scale = layers[0].self_attn.scaling
         self.embed = inner.embed_tokens
         self.final_norm = _norm_weights(inner.norm, self.kind == "gemma3")
