@@ -44,8 +44,11 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
     ``int8:``/``bf16:`` copies are made from the target); ``"torch"`` keeps PyTorch's."""
     if kernel_mode not in ("auto", "torch"):
         raise SpecdecError(f"--kernels must be auto or torch, got {kernel_mode!r}")
+    warming = kernels.warm_up() if kernel_mode == "auto" else None
     target = load_model(model, dtype, device)
     loaded = [load_draft(d, target, dtype, device) for d in drafts]
+    if warming is not None:
+        warming.join()
     if kernel_mode == "auto":
         target.info["kernels"] = kernels.install(target.model, progress=note)
         for draft in loaded:  # a draft model of its own (not a copy of the target) is a float model like it
