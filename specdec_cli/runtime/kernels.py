@@ -15,7 +15,7 @@ dispatches on the row count through a *plan* measured once per machine, thread c
 * ``tn``     -- ``(W @ x.T).T``: the same product, with MKL choosing another kernel;
 * ``wt``     -- ``x @ W_t`` with a contiguous transposed copy ``W_t`` (extra memory);
 * ``mkldnn`` -- oneDNN's inner product on a blocked copy of ``W`` (extra memory);
-* ``dot``    -- one vectorised dot product per output (:func:`dot_rows`, compiled by numba): each weight row is
+* ``dot``    -- one vectorised dot product per output (:mod:`specdec_cli.runtime.dot`, numba): each weight row is
   read once, from ``W`` as it is, for all the input rows. Single-threaded MKL's GEMV streams a 576-wide weight
   at ~11 GB/s on the EPYC of docs/profiling.md, this loop at 20-28 GB/s (a plain read runs at ~31 GB/s). Each
   output's sum runs in the same order whatever the row count, so a verification forward's logits are those a
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,7 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from ..io.atomic import write_cache
-from .jit import COMPILED, njit
+from .dot import dot_rows, warm_up  # noqa: F401  (warm_up: api.load; dot_rows: patched by scripts/profile_step.py)
+from .jit import COMPILED
 from .machine import available_bytes, cpu_name
 
 # "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
@@ -78,32 +78,6 @@ def bucket_of(n: int) -> int:
         if n <= b:
             return b
     return BUCKETS[-1]
-
-
-@njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, boundscheck=False)
-def dot_rows(x, w, y):  # pragma: no cover - compiled
-    """``y[r, j] = x[r] . w[j]`` (float32 ``x [n, K]``, ``w [N, K]``, ``y [n, N]``): the weight streamed once."""
-    n, k_dim = x.shape
-    for j in range(w.shape[0]):
-        for r in range(n):
-            acc = np.float32(0.0)
-            for k in range(k_dim):
-                acc += x[r, k] * w[j, k]
-            y[r, j] = acc
-
-
-def warm_up() -> threading.Thread | None:
-    """Load the compiled :func:`dot_rows` in a background thread (numba's first call in a process costs ~0.4 s
-    even from its on-disk cache), so that it overlaps the model's loading instead of delaying the first step."""
-    if not COMPILED:
-        return None
-
-    def first_call():
-        dot_rows(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32))
-
-    thread = threading.Thread(target=first_call, name="specdec-dot-warm-up", daemon=True)
-    thread.start()
-    return thread
 
 
 def _dot(x2: torch.Tensor, w_np) -> torch.Tensor:
