@@ -103,6 +103,8 @@ def main() -> None:
     model = target.model
     if args.kernels == "auto":
         kernels.install(model)
+    if args.cache == "dynamic":  # transformers' cache layers: the lean path does not take them
+        args.path = "module"
     if args.path == "module":
         decoder.disable(model)
     mark_dot_kernel(kernels, record_function)

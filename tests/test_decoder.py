@@ -93,6 +93,26 @@ def test_unknown_architectures_and_disabled_models_take_the_module_path():
     assert decoder.decoder_for(model) is None
 
 
+@pytest.mark.parametrize("change", ["dynamic rope", "eager attention", "offloaded"])
+def test_setups_the_lean_path_does_not_reproduce_take_the_module_path(change):
+    model = tiny_llama()
+    if change == "dynamic rope":
+        model.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    elif change == "eager attention":
+        model.config._attn_implementation = "eager"
+    else:
+        model.model.layers[0]._hf_hook = object()
+    assert decoder.decoder_for(model) is None
+
+
+def test_casting_the_model_rebuilds_the_handles():
+    model = tiny_llama(vocab=16)
+    before = decoder.decoder_for(model)
+    model.to(torch.bfloat16)
+    after = decoder.decoder_for(model)
+    assert after is not before and after.layers[0].norms[0][0].dtype == torch.bfloat16
+
+
 def test_a_model_with_a_decoder_can_be_freed():
     import gc
     import weakref

@@ -113,7 +113,7 @@ class Decoder:
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.norm = _llama_norm if self.kind == "llama" else _gemma_norm
         self.rotary = inner.rotary_emb
-        self.stamp = getattr(model, kernels.SWAPS, 0)
+        self.stamp = _stamp(model)
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.capacity = 0
 
@@ -190,16 +190,27 @@ def decoder_for(model) -> Decoder | None:
     :func:`disable` was called). Made once per model object -- a copy of a model (a quantized draft) gets its
     own -- and again after :func:`specdec_cli.runtime.kernels.install` swapped its linear layers."""
     dec = _DECODERS.get(model, False)
-    if dec is False or (dec is not None and dec.stamp != getattr(model, kernels.SWAPS, 0)):
+    if dec is False or (dec is not None and dec.stamp != _stamp(model)):
         dec = _DECODERS[model] = Decoder(model) if supported(model) else None
     return dec
+
+
+def _stamp(model) -> tuple:
+    """What the handles were made from: kernel installs, and the weights' dtype and device (``model.to(...)``)."""
+    weight = model.model.embed_tokens.weight
+    return getattr(model, kernels.SWAPS, 0), weight.dtype, weight.device
 
 
 def _growing_layers(cache, count: int) -> bool:
     """Whether ``cache`` has ``count`` layers that grow by ``update`` (made now if the cache makes them lazily)."""
     make = getattr(cache, "layer_class_to_replicate", None)
-    while make is not None and len(cache.layers) < count:
-        cache.layers.append(make())
+    if make is not None and len(cache.layers) < count:
+        first = make()
+        if not getattr(first, "grows", False):  # another cache's layers: leave the cache as it is
+            return False
+        cache.layers.append(first)
+        while len(cache.layers) < count:
+            cache.layers.append(make())
     return len(cache.layers) == count and all(getattr(layer, "grows", False) for layer in cache.layers)
 
 
@@ -232,16 +243,33 @@ def disable(model) -> None:
 
 
 def supported(model) -> bool:
+    """Whether this module computes what ``model``'s own forward computes: a known architecture on one device (no
+    accelerate hooks), SDPA attention, rotary tables that do not depend on the sequence's length, no options the
+    lean path does not implement."""
     kind = ARCHS.get(type(model).__name__)
     if kind is None:
         return False
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":  # eager differs in bf16; others are other kernels
         return False
     if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "use_bidirectional_attention", False):
         return False
     if kind == "llama" and getattr(cfg, "pretraining_tp", 1) != 1:
         return False
-    layer = model.model.layers[0]
-    scaling = getattr(layer.self_attn, "scaling", None)
+    if not _static_rope(getattr(cfg, "rope_parameters", None)):
+        return False
+    if len(set(getattr(model, "hf_device_map", {}).values())) > 1 or \
+            any(hasattr(m, "_hf_hook") for m in model.modules()):  # split across devices, or offloaded
+        return False
+    scaling = getattr(model.model.layers[0].self_attn, "scaling", None)
     return scaling is not None and not math.isnan(scaling) and hasattr(model, "lm_head")
+
+
+def _static_rope(params) -> bool:
+    """Whether the rotary embedding of every position is fixed (``dynamic``/``longrope`` rescale with the length,
+    so a table made once would be wrong). ``params``: the config's ``rope_parameters`` (per layer type for Gemma)."""
+    if not params:
+        return True
+    kinds = [params] if "rope_type" in params or "rope_theta" in params else list(params.values())
+    return not any(k and ("dynamic" in str(k.get("rope_type", "")) or k.get("rope_type") == "longrope")
+                   for k in kinds)

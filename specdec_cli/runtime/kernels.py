@@ -19,7 +19,7 @@ dispatches on the row count through a *plan* measured once per machine, thread c
   read once, from ``W`` as it is, for all the input rows. Single-threaded MKL's GEMV streams a 576-wide weight
   at ~11 GB/s on the EPYC of docs/profiling.md, this loop at 20-28 GB/s (a plain read runs at ~31 GB/s). Each
   output's sum runs in the same order whatever the row count, so a verification forward's logits are those a
-  one-row forward gives.
+  one-row forward gives (while every row count up to it uses ``dot``: up to :data:`DOT_ROWS`).
 
 All four compute the float32 product (only the summation order differs, as it does between PyTorch's own
 kernels for different row counts). Copies are kept only where the plan uses them and only while they fit in
@@ -115,7 +115,7 @@ class FastLinear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.plan = dict(plan)
+        self.plan = {n: ("nt" if s == "dot" and not COMPILED else s) for n, s in plan.items()}  # no numba here
         self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
         self.wide = self.plan.get(BUCKETS[-1], "nt")
         with torch.no_grad():
