@@ -18,6 +18,7 @@ import sys
 
 from .runtime import profile
 from .runtime import decoder, kernels
+from .runtime.dot import warm_up
 from .config import RunSettings, SamplingConfig
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
@@ -44,7 +45,7 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
     ``int8:``/``bf16:`` copies are made from the target); ``"torch"`` keeps PyTorch's."""
     if kernel_mode not in ("auto", "torch"):
         raise SpecdecError(f"--kernels must be auto or torch, got {kernel_mode!r}")
-    warming = kernels.warm_up() if kernel_mode == "auto" else None
+    warming = warm_up() if kernel_mode == "auto" else None
     target = load_model(model, dtype, device)
     loaded = [load_draft(d, target, dtype, device) for d in drafts]
     if warming is not None:

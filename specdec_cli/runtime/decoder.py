@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
-from .masks import layer_windows
+from .masks import layer_windows, masks_to
 from .positions import chain_parents, is_chain
 
 MAX_ROWS = 64
@@ -95,7 +95,7 @@ class Decoder:
 
     def __init__(self, model):
         self.kind = ARCHS[type(model).__name__]
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        cfg = _text_config(model)
         inner = model.model
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -229,7 +229,7 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         chain = parents is None or is_chain(parents)
         mask, pos = cache.tree_inputs(model, chain_parents(len(tokens) - 1) if chain else parents)
         pos = pos[0].to(dev)
-        mask = mask.to(dev) if torch.is_tensor(mask) else {kind: m.to(dev) for kind, m in mask.items()}
+        mask = masks_to(mask, dev)
         keep = keep if chain else None
     with kernels.active():
         return dec.forward(cache, ids, pos, mask, keep)
@@ -240,8 +240,6 @@ def disable(model) -> None:
     _DECODERS[model] = None
 
 
-
-
 def supported(model) -> bool:
     """Whether this module computes what ``model``'s own forward computes: a known architecture on one device (no
     accelerate hooks), SDPA attention, rotary tables that do not depend on the sequence's length, no options the
@@ -249,7 +247,7 @@ def supported(model) -> bool:
     kind = ARCHS.get(type(model).__name__)
     if kind is None:
         return False
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = _text_config(model)
     if getattr(cfg, "_attn_implementation", None) != "sdpa":  # eager differs in bf16; others are other kernels
         return False
     if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "use_bidirectional_attention", False):
@@ -263,6 +261,10 @@ def supported(model) -> bool:
         return False
     scaling = getattr(model.model.layers[0].self_attn, "scaling", None)
     return scaling is not None and not math.isnan(scaling) and hasattr(model, "lm_head")
+
+
+def _text_config(model):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
 def _static_rope(params) -> bool:

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io.atomic import write_cache
-from .dot import dot_rows, warm_up  # noqa: F401  (warm_up: api.load; dot_rows: patched by scripts/profile_step.py)
+from .dot import dot_rows  # looked up at each call (scripts/profile_step.py wraps it for the profiler)
 from .jit import COMPILED
 from .machine import available_bytes, cpu_name
 
@@ -131,10 +131,8 @@ class FastLinear(torch.nn.Module):
             strategy = self.table[n] if n <= WIDE else self.wide
         if strategy == "nt":
             return F.linear(x, self.weight, self.bias)
-        if strategy == "dot" and self._dot is not None and x.is_contiguous():  # the decoding step's path
-            y = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32)
-            dot_rows(x.detach().view(n, self.in_features).numpy(), self._dot, y.view(n, self.out_features).numpy())
-            return y
+        if strategy == "dot" and self._dot is not None and x.is_contiguous():  # the decoding step's path: no copies
+            return _dot(x.view(n, self.in_features), self._dot).view(*x.shape[:-1], self.out_features)
         # both sides in the row-major layout the plan was measured with (a transposed view would make MKL pick
         # another, sometimes far slower, kernel in the next layer)
         y = _apply(strategy, x.reshape(n, self.in_features).contiguous(), self.weight, self._packed).contiguous()

@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from . import decoder, kernels
 from .cache_mode import CacheMode
-from .masks import layer_masks, layer_windows, tree_mask
+from .masks import layer_masks, layer_windows, masks_to, tree_mask
 from .positions import ancestor_matrix, depths, is_chain
 
 MIN_CAPACITY = 256
@@ -253,11 +253,11 @@ class GrowingCache(KVCache):
     @torch.inference_mode()
     def forward(self, model, tokens: list[int], parents: list[int] | None = None,
                 keep: int | None = None) -> torch.Tensor:
-        dev = model.get_input_embeddings().weight.device
         if len(tokens) <= decoder.MAX_ROWS:
             out = decoder.run(self, model, tokens, parents, keep)
             if out is not None:
                 return out
+        dev = model.get_input_embeddings().weight.device
         ids = torch.tensor([tokens], dtype=torch.long, device=dev)
         if parents is None or is_chain(parents):
             start = self.length
@@ -265,8 +265,7 @@ class GrowingCache(KVCache):
                      **_rows_arg(model, keep)}
         else:
             mask, pos = self.tree_inputs(model, parents)
-            extra = {"position_ids": pos.to(dev), "attention_mask": mask.to(dev) if torch.is_tensor(mask) else
-                     {kind: m.to(dev) for kind, m in mask.items()}}
+            extra = {"position_ids": pos.to(dev), "attention_mask": masks_to(mask, dev)}
         with kernels.active():
             out = model(input_ids=ids, past_key_values=self, use_cache=True, **extra)
         return out.logits[0].float()

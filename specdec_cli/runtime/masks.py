@@ -37,6 +37,11 @@ def layer_masks(layer_types, window: int | None, mask_for):
     return masks if len(masks) > 1 else next(iter(masks.values()))
 
 
+def masks_to(mask, device):
+    """A mask from :func:`layer_masks` (one tensor, or a dict per layer type) on ``device``."""
+    return mask.to(device) if torch.is_tensor(mask) else {kind: m.to(device) for kind, m in mask.items()}
+
+
 def layer_windows(config) -> list[int | None]:
     """Per decoder layer: its sliding window, or None for full attention (from ``layer_types``/``sliding_window``)."""
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
