@@ -17,6 +17,7 @@ LAYERS = [  # top first; each entry is a module or a package of specdec_cli
     ("commands",),
     ("bench",),
     ("api",),
+    ("serving",),
     ("methods",),
     ("drafting",),
     ("engine",),

@@ -26,10 +26,11 @@ from .engine.loop import Drafter, GenerationResult, generate
 from .engine.batch import generate_batch
 from .errors import SpecdecError
 from .methods import METHODS, MethodContext, build_drafter, check_options
-from .io.models import LoadedModel, load_draft, load_model
+from .io.models import LoadedModel, LoadedText, load_draft, load_model
+from .io.models import load_text as _load_text
 
-__all__ = ["load", "encode_prompt", "make_drafter", "make_drafters", "run", "run_batch", "decode", "METHODS", "RunSettings", "SamplingConfig",
-           "SpecdecError"]
+__all__ = ["load", "load_text", "encode_prompt", "make_drafter", "make_drafters", "run", "run_batch", "vllm_engine",
+           "decode", "METHODS", "RunSettings", "SamplingConfig", "SpecdecError"]
 
 
 def note(message: str) -> None:
@@ -164,6 +165,25 @@ def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Draf
     return generate_batch(target.model, prompts, drafters, max_new_tokens=settings.max_new_tokens,
                           sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids,
                           on_result=on_result, on_step=on_step, times=times)
+
+
+def load_text(model: str) -> LoadedText:
+    """``model``'s tokenizer, chat flag, context and stop ids without its weights (for an engine that loads them
+    itself): :func:`encode_prompt` and :func:`decode` take it like a :class:`LoadedModel`."""
+    return _load_text(model)
+
+
+def vllm_engine(method: str, text: LoadedText, options=None):
+    """A started vLLM engine running ``method`` (``vllm``, ``vllm-ngram``, ``vllm-suffix``, or ``auto``: specdec's
+    proposer) for the model of ``text`` (:func:`load_text`), with ``options`` (placement passed through to vLLM:
+    :class:`~specdec_cli.serving.vllm_engine.EngineOptions`). ``engine.generate(prompts, max_new_tokens,
+    sampling)``; ``engine.stats()``; ``engine.close()``."""
+    from .serving.vllm_engine import EngineOptions, VllmEngine, check_installed
+
+    check_installed()
+    engine = VllmEngine(method, text.info["source"], text, options or EngineOptions())
+    engine.start()
+    return engine
 
 
 def decode(target: LoadedModel, tokens: list[int]) -> str:

@@ -5,7 +5,8 @@ torch or a model loads.
 * :class:`SamplingConfig` -- temperature, top-p, top-k;
 * :func:`parse_budget` -- ``--budget`` as ``"auto"``, ``"paper"`` or a node count;
 * :class:`RunSettings` -- everything a generation is asked for: new tokens, sampling, seed, draft window, budget,
-  threads.
+  threads;
+* the engines (``--engine``) and the methods of the outside ones (transformers' baselines, vLLM's).
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ HF_BASELINES = {  # transformers' own decoding, as bench baselines
     "hf-assisted": "transformers generate(assistant_model=first --draft)",
     "hf-pld": "transformers generate(prompt_lookup_num_tokens=10)",
     "hf-static": "transformers generate(cache_implementation='static'), compiled by transformers where it compiles",
+}
+ENGINES = {  # --engine: where the target runs
+    "specdec": "specdec's own engine (PyTorch + transformers): every method",
+    "vllm": "vLLM (the extra: bash scripts/install-vllm.sh): its plain decoding, its drafters, specdec's proposer",
+}
+VLLM_METHODS = {  # methods on --engine vllm (specdec_cli.serving.vllm_engine)
+    "vllm": "vLLM, plain decoding",
+    "vllm-ngram": "vLLM's n-gram drafter (prompt lookup: 5 tokens after a 4-gram match, its documented setting)",
+    "vllm-suffix": "vLLM's SuffixDecoding drafter (arctic-inference; up to 24 tokens, vLLM's default)",
+    "auto": "specdec's proposer on vLLM: this request's context, the memory of earlier outputs, every --datastore; "
+            "one chain per sequence, sized by what pays",
 }
 MAX_PROMPT_BYTES = 8 << 20  # no model's context holds more text than this; larger prompts are refused unread
 

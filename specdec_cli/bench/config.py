@@ -7,7 +7,6 @@ from functools import cached_property
 from typing import Callable
 
 from ..config import HF_BASELINES, RunSettings, SamplingConfig
-from ..methods import check_methods
 
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
@@ -37,6 +36,8 @@ class BenchConfig:
     budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.engine.budget)
     kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
     compile: str = "auto"  # static cache + compiled forwards: auto (on for CUDA), on, off, static (runtime.cache_mode)
+    engine: str = "specdec"  # the run's engine and its baseline (bench.engines): specdec (ar) or vllm (vllm)
+    vllm: dict = field(default_factory=dict)  # vLLM's placement and proposer settings (bench.engines.vllm_options)
 
     @property
     def greedy(self) -> bool:
@@ -73,11 +74,11 @@ class Generation:
 Runner = Callable[[list[int], int], Generation]
 
 
-def method_list(methods: list[str]) -> list[str]:
-    """Validated method names, ``ar`` first (added when missing: speedups and the identity check need it)."""
-    names = [m.strip() for m in methods if m.strip()]
-    check_methods(names, HF_BASELINES)
-    names = list(dict.fromkeys(names))
-    return names if names[:1] == ["ar"] else ["ar"] + [n for n in names if n != "ar"]
+def method_list(methods: list[str], engine: str = "specdec") -> list[str]:
+    """Validated method labels, the run's baseline first (``ar``, or ``vllm`` on ``--engine vllm``; added when
+    missing: speedups and the identity check need it). ``NAME@ENGINE`` picks an engine (bench.engines)."""
+    from ..methods import method_list as labels
+
+    return labels(methods, engine)
 
 

@@ -88,11 +88,25 @@ def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float
     return row
 
 
-def summarize(generations: list[Generation], methods: list[str], greedy: bool) -> list[dict]:
+REFERENCES = ("ar", "vllm")  # plain decoding on either engine: every method's output is checked against each
+
+
+def summarize(generations: list[Generation], methods: list[str], greedy: bool, baseline: str = "ar") -> list[dict]:
+    """Every method's metrics; ``speedup`` and the identity check against ``baseline`` (``ar``, or ``vllm`` on
+    vLLM), and against the other plain decoding of the run too when it holds both (``speedup_vs_ar``,
+    ``identical_to_vllm``, ...)."""
     by_method = {m: [g for g in generations if g.method == m] for m in methods}
-    ar = by_method["ar"]
-    ar_tps = ratio(sum(len(g.tokens) for g in ar), sum(g.seconds for g in ar))
-    reference = {(g.prompt_id, g.turn): g.tokens for g in ar} if greedy else None
-    return [summarize_method(m, by_method[m], ar_tps, reference) for m in methods]
+    rate = {m: ratio(sum(len(g.tokens) for g in by_method[m]), sum(g.seconds for g in by_method[m]))
+            for m in REFERENCES if m in by_method}
+    tokens = {m: {(g.prompt_id, g.turn): g.tokens for g in by_method[m]} for m in rate} if greedy else {}
+    rows = [summarize_method(m, by_method[m], rate[baseline], tokens.get(baseline)) for m in methods]
+    for row in rows:
+        for ref in rate:
+            if ref == baseline:
+                continue
+            row[f"speedup_vs_{ref}"] = ratio(row["tokens_per_s"], rate[ref])
+            if greedy:
+                row[f"identical_to_{ref}"] = identity_check(by_method[row["method"]], tokens[ref])["identical"]
+    return rows
 
 

@@ -17,6 +17,7 @@ from ..io.jsonl import iter_jsonl
 from ..io.prompts import Prompt
 from ..runtime.machine import cpu_name
 from .config import RECORD_SCHEMA, BenchConfig, Generation
+from .engines import BASELINES
 from .metrics import ratio, summarize_method
 
 # --- the record -------------------------------------------------------------------------------------------------
@@ -78,6 +79,7 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
         "prompt_set": cfg.prompts,
         "num_prompts": len(prompts),
         "identity_checked": cfg.greedy,
+        "baseline": BASELINES[cfg.engine],  # speedup = tokens/s over this method's, in the same run
         "memory": memory_setting(cfg),
         "note": None if cfg.greedy else "temperature > 0: sampled outputs differ by design; identity check skipped",
         "results": results,
@@ -88,7 +90,7 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
 
 MERGE_CONFIG_KEYS = ("model", "drafts", "methods", "prompts", "category", "max_new_tokens", "temperature", "dtype",
                      "device", "datastore", "window", "options", "threads", "budget", "kernels",
-                     "compile")
+                     "compile", "engine", "vllm")
 MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformers")
 
 
@@ -101,14 +103,16 @@ def generations_of(result: dict) -> list[Generation]:
 
 def merge_records(records: list[dict]) -> dict:
     """One record for several shards of a run (``--offset``/``--limit``): same configuration and machine, disjoint
-    prompts. Every metric is recomputed from the per-generation counts, speedups against the pooled ``ar``."""
+    prompts. Every metric is recomputed from the per-generation counts, speedups against the pooled baseline
+    (``ar``; ``vllm`` for runs on vLLM)."""
     if len(records) < 2:
         raise SpecdecError("bench-merge needs at least two records")
+    base_method = records[0].get("baseline", "ar") if isinstance(records[0], dict) else "ar"
     for rec in records:
         results = rec.get("results") if isinstance(rec, dict) else None
         if not results or rec.get("schema") != RECORD_SCHEMA or not all("per_prompt" in r for r in results) \
-                or not any(r.get("method") == "ar" for r in results):
-            raise SpecdecError(f"not a {RECORD_SCHEMA} record with an ar result: {str(rec)[:60]}...")
+                or not any(r.get("method") == base_method for r in results):
+            raise SpecdecError(f"not a {RECORD_SCHEMA} record with a {base_method} result: {str(rec)[:60]}...")
     base = records[0]
     for rec in records[1:]:
         diff = [k for k in MERGE_CONFIG_KEYS if rec["config"].get(k) != base["config"].get(k)]
@@ -118,17 +122,19 @@ def merge_records(records: list[dict]) -> dict:
     methods = base["config"]["methods"]
     seen: set[tuple[str, int]] = set()
     for rec in records:
-        ar = next(r for r in rec["results"] if r["method"] == "ar")
-        keys = {(p["prompt_id"], p["turn"]) for p in ar["per_prompt"]}
+        ref = next(r for r in rec["results"] if r["method"] == base_method)
+        keys = {(p["prompt_id"], p["turn"]) for p in ref["per_prompt"]}
         if keys & seen:
             raise SpecdecError(f"records overlap in prompts, e.g. {sorted(keys & seen)[0][0]}; merge disjoint shards")
         seen |= keys
     rows = {m: [r for rec in records for r in rec["results"] if r["method"] == m] for m in methods}
-    ar_gens = [g for row in rows["ar"] for g in generations_of(row)]
-    ar_tps = ratio(sum(len(g.tokens) for g in ar_gens), sum(g.seconds for g in ar_gens))
+    base_gens = [g for row in rows[base_method] for g in generations_of(row)]
+    base_tps = ratio(sum(len(g.tokens) for g in base_gens), sum(g.seconds for g in base_gens))
     results = []
     for method in methods:
-        merged = summarize_method(method, [g for row in rows[method] for g in generations_of(row)], ar_tps, None)
+        merged = summarize_method(method, [g for row in rows[method] for g in generations_of(row)], base_tps, None)
+        if rows[method][0].get("engine"):
+            merged["engine"] = rows[method][0]["engine"]
         checked = [row for row in rows[method] if row.get("lossless") is not None]
         if checked and len(checked) == len(rows[method]):
             merged.update(lossless=all(row["lossless"] for row in checked),
@@ -192,6 +198,8 @@ def record_problem(record, merge: bool = False) -> str | None:
         return "prompt_set"
     if not isinstance(record.get("machine"), dict):
         return "machine"
+    if record.get("baseline") is not None and not isinstance(record.get("baseline"), str):
+        return "baseline"
     if not isinstance(results, list):
         return "results"
     for r in results:

@@ -19,16 +19,38 @@ def lossless_cell(result: dict) -> str:
     if result["lossless"] is None:
         return "n/a (sampled)"
     n = result["generations"]
+    others = "".join(f", ={ref} {result[f'identical_to_{ref}']}/{n}" for ref in ("ar", "vllm")
+                     if result.get(f"identical_to_{ref}") is not None)
     if result["lossless"]:
-        return f"yes {n}/{n}"
+        return f"yes {n}/{n}{others}"
     first = result["mismatches"][0]
-    return f"NO {result['identical']}/{n} (first: {first['prompt_id']} t{first['turn']} @{first['first_divergence']})"
+    return f"NO {result['identical']}/{n} (first: {first['prompt_id']} t{first['turn']} @{first['first_divergence']})" \
+        + others
+
+
+def extra_references(record: dict) -> list[str]:
+    """The plain decodings other than the baseline that the run also holds (a column of speedups each)."""
+    return [ref for ref in ("ar", "vllm") if any(r.get(f"speedup_vs_{ref}") is not None for r in record["results"])]
+
+
+def columns(record: dict) -> list[str]:
+    base = record.get("baseline", "ar")
+    head = ["method"] + (["engine"] if any("@" in r["method"] for r in record["results"]) or base != "ar" else [])
+    return head + ["tok/s", "ms/tok", "speedup" if base == "ar" else f"x {base}",
+                   *[f"x {ref}" for ref in extra_references(record)], *COLUMNS[4:]]
 
 
 def table_rows(record: dict) -> list[list[str]]:
-    return [[r["method"], fmt(r["tokens_per_s"], ".1f"), fmt(r["mean_token_ms"], ".2f"), fmt(r["speedup"], ".2f") + "x",
-             fmt(r["mean_accepted_length"], ".2f"), fmt(r["sigma"], ".2f"), fmt(r["eta"], ".2f"),
-             fmt(r["draft_ms_per_step"], ".2f"), lossless_cell(r)] for r in record["results"]]
+    engine = "engine" in columns(record)
+    rows = []
+    for r in record["results"]:
+        row = [r["method"]] + ([r.get("engine") or "specdec"] if engine else [])
+        row += [fmt(r["tokens_per_s"], ".1f"), fmt(r["mean_token_ms"], ".2f"), fmt(r["speedup"], ".2f") + "x"]
+        row += [fmt(r.get(f"speedup_vs_{ref}"), ".2f") + "x" for ref in extra_references(record)]
+        row += [fmt(r["mean_accepted_length"], ".2f"), fmt(r["sigma"], ".2f"), fmt(r["eta"], ".2f"),
+                fmt(r["draft_ms_per_step"], ".2f"), lossless_cell(r)]
+        rows.append(row)
+    return rows
 
 
 def title(record: dict) -> str:
@@ -52,8 +74,8 @@ def source_lines(record: dict) -> list[str]:
 
 def plain_table(record: dict) -> str:
     """Aligned plain text (for pipes, logs and cron mail)."""
-    rows = [COLUMNS] + table_rows(record)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    rows = [columns(record)] + table_rows(record)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [title(record)] + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines += source_lines(record)
     if record.get("note"):
@@ -72,12 +94,13 @@ def print_table(record: dict, terminal: bool, file=None) -> None:
 
     from rich import box
 
-    rows = table_rows(record)
+    rows, cols = table_rows(record), columns(record)
     table = Table(title=title(record), box=box.SIMPLE_HEAD, pad_edge=False)
-    for i, col in enumerate(COLUMNS):
+    for i, col in enumerate(cols):
         # headers may wrap at spaces; cells never get cut
         width = max([len(row[i]) for row in rows] + [len(word) for word in col.split()])
-        table.add_column(col, justify="left" if i in (0, len(COLUMNS) - 1) else "right", min_width=width)
+        table.add_column(col, justify="left" if i in (0, len(cols) - 1) or col == "engine" else "right",
+                         min_width=width)
     for row in rows:
         style = "red" if row[-1].startswith("NO") else None
         table.add_row(*row, style=style)

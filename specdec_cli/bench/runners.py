@@ -11,10 +11,12 @@ import torch
 from .. import api
 from ..errors import SpecdecError
 from ..methods import check_options
+from ..engine.loop import cut_at_stop  # noqa: F401 - throughput imports it from here
 from ..io.models import same_vocab
 from ..io.prompts import Prompt, load_prompts
 from ..runtime.machine import set_threads
 from .config import HF_BASELINES, HF_PLD_TOKENS, WARMUP_TOKENS, BenchConfig, Generation, Runner, method_list
+from .engines import BASELINES, close_engines, split_label, start_vllm_engines, vllm_runner
 from .metrics import summarize
 from .records import make_record
 
@@ -61,14 +63,6 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict |
     run.load_state = load_state
     run.drafter = drafter  # finished after the last prompt (auto saves its --memory then)
     return run
-
-
-def cut_at_stop(tokens: list[int], stop_ids) -> list[int]:
-    """transformers keeps the stop token in its output; our loop does not -- compare like with like."""
-    for i, tok in enumerate(tokens):
-        if tok in stop_ids:
-            return tokens[:i]
-    return tokens
 
 
 class ForwardCounter:
@@ -134,10 +128,16 @@ def hf_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     return run
 
 
-def make_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict | None = None) -> Runner:
-    if method in HF_BASELINES:
-        return hf_runner(method, target, drafts, cfg)
-    return specdec_runner(method, target, drafts, cfg, opened)
+def make_runner(label: str, target, drafts, cfg: BenchConfig, opened: dict | None = None,
+                engines: dict | None = None) -> Runner:
+    """The runner of a method label (bench.engines): ours, transformers' or, on vLLM, one of ``engines``' (a
+    started engine per label)."""
+    name, engine = split_label(label, cfg.engine)
+    if engine == "vllm":
+        return vllm_runner(label, name, target, cfg, engines[label])
+    if name in HF_BASELINES:
+        return hf_runner(name, target, drafts, cfg)
+    return specdec_runner(name, target, drafts, cfg, opened)
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
@@ -180,6 +180,8 @@ def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_t
     ids = encode_turn(target, prompts[0], 0, [], max_new_tokens)  # checked against the run's -n, not the warm-up's
     for runner in runners.values():
         runner(ids, n)
+        if hasattr(runner, "after_warmup"):
+            runner.after_warmup()
 
 
 class Progress:
@@ -216,13 +218,30 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
                     checkpoint=None, opened: dict | None = None) -> list[Generation]:
     """Every prompt with every method (order rotated per prompt); units already in ``checkpoint`` (``--resume``)
     are taken from it, new ones are added to it as they finish."""
-    check_options(methods, cfg.options)  # shared by the methods: each key must be some method's
+    check_options([split_label(m, cfg.engine)[0] for m in methods], cfg.options)  # each key must be some method's
     for prompt in prompts:  # a prompt too long for -n is one error now, not after the prompts before it ran
         encode_turn(target, prompt, 0, [], cfg.max_new_tokens)
     opened = {} if opened is None else opened  # one open per datastore, shared by the methods
-    runners = {m: make_runner(m, target, drafts, cfg, opened) for m in methods}
-    if cfg.warmup:
-        warm_up(target, prompts, runners, cfg.max_new_tokens)
+    engines = start_vllm_engines(cfg, target)
+    try:
+        runners = {m: make_runner(m, target, drafts, cfg, opened, engines) for m in methods}
+        if cfg.warmup:
+            warm_up(target, prompts, runners, cfg.max_new_tokens)
+        generations = run_units(target, cfg, prompts, methods, runners, checkpoint)
+        for runner in runners.values():
+            if hasattr(runner, "drafter"):
+                runner.drafter.finish()
+        for engine in engines.values():
+            engine.finish()
+    finally:
+        close_engines(engines)
+    return generations
+
+
+def run_units(target, cfg: BenchConfig, prompts: list[Prompt], methods: list[str], runners: dict,
+              checkpoint) -> list[Generation]:
+    """Every (prompt, method) unit, the method order rotated per prompt, taken from ``checkpoint`` when it holds
+    the unit (``--resume``)."""
     total = sum(len(p.turns) for p in prompts) * len(methods)
     generations: list[Generation] = []
     progress = Progress(total, len(prompts))
@@ -244,9 +263,6 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
                 progress.update(i, method, gens, resumed=saved is not None)
     finally:
         progress.close()
-    for runner in runners.values():
-        if hasattr(runner, "drafter"):
-            runner.drafter.finish()
     return generations
 
 
@@ -265,12 +281,16 @@ def benchmark(cfg: BenchConfig, target, drafts, checkpoint=None, prompts: list[P
     ``checkpoint`` (:class:`specdec_cli.bench.checkpoint.Checkpoint`) keeps finished generations for ``--resume``.
     ``opened``: the datastores the pre-check opened (``methods.precheck_datastore``), handed to the methods."""
     set_threads(cfg.settings.threads)
-    methods = method_list(cfg.methods)
+    methods = method_list(cfg.methods, cfg.engine)
     cfg.methods = methods
     if prompts is None:
         prompts = load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)
     generations = run_generations(target, drafts, cfg, prompts, methods, checkpoint, opened)
-    device = str(next(target.model.parameters()).device)
-    return make_record(cfg, prompts, summarize(generations, methods, cfg.greedy), device)
+    model = getattr(target, "model", None)  # None: vLLM alone loaded the weights
+    device = str(next(model.parameters()).device) if model is not None else cfg.engine
+    results = summarize(generations, methods, cfg.greedy, BASELINES[cfg.engine])
+    for result in results:
+        result["engine"] = split_label(result["method"], cfg.engine)[1]
+    return make_record(cfg, prompts, results, device)
 
 

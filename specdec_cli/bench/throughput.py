@@ -43,13 +43,16 @@ def parse_sizes(text: str) -> list[int]:
     return list(dict.fromkeys(sizes))
 
 
-def check_methods(methods: list[str]) -> list[str]:
-    """Our methods to run batched (``ar`` runs sequentially as the baseline, and batched when asked for)."""
-    refused = [m for m in methods if m in HF_BASELINES]
+def check_methods(methods: list[str], engine: str = "specdec") -> list[str]:
+    """The methods to run batched, as labels (``ar`` runs sequentially as the baseline, and batched when asked
+    for; vLLM's methods run on vLLM at each batch size)."""
+    from ..methods import label_of, split_label
+
+    refused = [m for m in methods if split_label(m, engine)[0] in HF_BASELINES]
     if refused:
         raise SpecdecError(f"--batch-size runs transformers' batched generate itself (hf-batch); drop "
                            f"{', '.join(refused)} from --methods")
-    return list(dict.fromkeys(methods))
+    return list(dict.fromkeys(label_of(*split_label(m, engine), engine) for m in methods))
 
 
 def check_out(path: str) -> None:
@@ -160,15 +163,40 @@ def timed_ours(method: str, target, drafts, ids, size, cfg, reference, opened) -
                len(steps), reference if cfg.greedy else None, peak_mib())
 
 
+def timed_vllm(label: str, engine, ids, size, cfg, reference) -> dict:
+    """vLLM with at most ``size`` sequences at once (continuous batching, our feeder): warm-up, then the run.
+    Peak memory is vLLM's processes' resident memory after the run (they are not this process)."""
+    from .engines import proposer_delta, vllm_rss_mib
+
+    engine.generate(ids[:size], WARMUP_TOKENS, cfg.settings.sampling, batch=size)
+    engine.reset_prefix_cache()
+    proposer_delta(engine)
+    t0 = time.perf_counter()
+    results = engine.generate(ids, cfg.max_new_tokens, cfg.settings.sampling, batch=size)
+    seconds = time.perf_counter() - t0
+    out = row(label, size, [r.tokens for r in results], seconds, [r.latency_s for r in results], engine.steps,
+              reference if cfg.greedy else None, vllm_rss_mib(engine))
+    stats = proposer_delta(engine)
+    out["engine"] = "vllm"
+    if stats is not None:
+        out["proposer"] = {k: stats[k] for k in ("propose_ms_per_call", "propose_ms_per_row", "verified", "accepted",
+                                                  "sources", "step_cost")}
+    return out
+
+
 def add_speedups(rows: list[dict]) -> None:
     base = next(r["tokens_per_s"] for r in rows if r["batch_size"] == "sequential")
     hf = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["method"] == "hf-batch"}
+    plain = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["method"] == "vllm"}
     best = max(hf.values(), default=None)
     for r in rows:
         r["speedup_vs_ar"] = r["tokens_per_s"] / base if base else None
         same = hf.get(r["batch_size"])
         r["speedup_vs_hf_same_b"] = r["tokens_per_s"] / same if same else None
         r["speedup_vs_hf_best"] = r["tokens_per_s"] / best if best else None
+        if plain:
+            same = plain.get(r["batch_size"])
+            r["speedup_vs_vllm_same_b"] = r["tokens_per_s"] / same if same else None
     if hf:
         for r in rows:
             r["hf_best_batch_size"] = max(hf, key=hf.get)
@@ -178,17 +206,29 @@ def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | No
     """Run the throughput mode; returns its record."""
     set_threads(cfg.settings.threads)
     log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
+    from ..methods import split_label
+    from .engines import close_engines, start_vllm_engines
+
     ids = [encode_turn(target, p, 0, [], cfg.max_new_tokens) for p in prompts]
-    first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy)
-    rows = [first]
-    log(f"ar sequential: {first['tokens_per_s']:.1f} tok/s")
-    for size in sizes:
-        if cfg.greedy:
-            rows.append(timed_hf(target, ids, size, cfg, reference))
-            log(f"hf-batch B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
-        for method in cfg.methods:
-            rows.append(timed_ours(method, target, drafts, ids, size, cfg, reference, opened))
-            log(f"{method} B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+    engines = start_vllm_engines(cfg, target, max(sizes), max(sizes) * (max(map(len, ids)) + cfg.max_new_tokens + 33))
+    try:
+        first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy)
+        rows = [first]
+        log(f"ar sequential: {first['tokens_per_s']:.1f} tok/s")
+        for size in sizes:
+            if cfg.greedy:
+                rows.append(timed_hf(target, ids, size, cfg, reference))
+                log(f"hf-batch B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+            for label in cfg.methods:
+                rows.append(timed_vllm(label, engines[label], ids, size, cfg, reference) if label in engines else
+                            timed_ours(split_label(label, cfg.engine)[0], target, drafts, ids, size, cfg, reference,
+                                       opened))
+                rows[-1]["method"] = label
+                log(f"{label} B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+        for engine in engines.values():
+            engine.finish()
+    finally:
+        close_engines(engines)
     add_speedups(rows)
     return {"schema": SCHEMA, "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(), "git_commit": git_commit(), "config": asdict(cfg), "batch_sizes": sizes,
@@ -201,14 +241,16 @@ def print_table(record: dict) -> None:
 
     table = Table(title=f"throughput: {record['prompt_set']}, {record['num_prompts']} prompts (first turns), "
                         f"{record['config']['max_new_tokens']} new tokens")
-    cols = ["method", "B", "tok/s", "x ar", "x hf same B", "x hf best", "latency p50 s", "p90 s", "forwards",
-            "identical", "peak MiB"]
+    vllm = any("speedup_vs_vllm_same_b" in r for r in record["rows"])
+    cols = ["method", "B", "tok/s", "x ar", "x hf same B", "x hf best", *(["x vllm same B"] if vllm else []),
+            "latency p50 s", "p90 s", "forwards", "identical", "peak MiB"]
     for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right")
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
     for r in record["rows"]:
         table.add_row(r["method"], str(r["batch_size"]), fmt(r["tokens_per_s"], "{:.1f}"), fmt(r["speedup_vs_ar"]),
-                      fmt(r["speedup_vs_hf_same_b"]), fmt(r["speedup_vs_hf_best"]), fmt(r["latency_median_s"]),
+                      fmt(r["speedup_vs_hf_same_b"]), fmt(r["speedup_vs_hf_best"]),
+                      *([fmt(r.get("speedup_vs_vllm_same_b"))] if vllm else []), fmt(r["latency_median_s"]),
                       fmt(r["latency_p90_s"]), str(r["target_forwards"]),
                       "-" if r["identical"] is None else f"{r['identical']}/{record['num_prompts']}",
                       fmt(r["peak_rss_mib"], "{:.0f}"))

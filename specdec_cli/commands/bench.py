@@ -16,6 +16,7 @@ from . import options as flags
 
 METHODS_HELP = (f"comma-separated: {flags.METHOD_NAMES}, and transformers' baselines {flags.BASELINE_NAMES} "
                 "(hf-assisted uses the first --draft); ar is always included")
+OUT_HELP = "append this run's record to a JSONL file (finished generations are kept in OUT.partial until then)"
 PROMPTS_HELP = f"a prompt set ({flags.PROMPT_SET_NAMES}; NAME*K repeats each prompt K times) or a .jsonl file"
 DATASTORE_HELP = ("datastore directory for rest/aded; repeatable as METHOD=DIR, e.g. rest=DIR and aded=DIR; auto=DIR "
                   "(repeatable, any kind) for auto")
@@ -47,41 +48,44 @@ def bench(
     memory: Optional[str] = flags.MEMORY,
     window: Optional[int] = flags.WINDOW,
     opt: Optional[List[str]] = flags.OPT,
-    out: Optional[str] = typer.Option(None, "--out", help="append this run's record to a JSONL file (finished "
-                                      "generations are kept in OUT.partial until then)"),
+    out: Optional[str] = typer.Option(None, "--out", help=OUT_HELP),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run with the same options and --out"),
     compare_to: Optional[str] = typer.Option(None, "--compare", help="JSONL of earlier records; regressions exit 3"),
     tolerance: float = typer.Option(0.10, "--tolerance", help="allowed relative speedup drop for --compare"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG bar chart of speedups"),
+    plot: Optional[str] = flags.PLOT,
     as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
     batch_size: Optional[str] = typer.Option(None, "--batch-size", help="throughput mode: batch sizes (e.g. "
                                              "1,4,8,16); first turns, sequential ar and transformers' batched "
                                              "generate as baselines (docs/bench.md)"),
+    engine: str = flags.ENGINE,
+    tensor_parallel_size: Optional[int] = flags.TENSOR_PARALLEL,
+    pipeline_parallel_size: Optional[int] = flags.PIPELINE_PARALLEL,
+    distributed_executor_backend: Optional[str] = flags.EXECUTOR,
+    vllm_arg: Optional[List[str]] = flags.VLLM_ARG,
 ) -> None:
     """Benchmark methods side by side: tokens/s, speedup vs ar, accepted length, sigma, eta, identical outputs."""
     from .common import parse_opts, user_errors
 
     with user_errors():
         from ..config import RunSettings, SamplingConfig
-
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
-        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # torch-free
-        names = split_methods(methods)
-        options = {**parse_opts(opt), **({"memory_dir": memory} if memory else {})}
-        check_methods_and_options(names, options, compile, memory)
+        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)
+        names, options = split_methods(methods), {**parse_opts(opt), **({"memory_dir": memory} if memory else {})}
+        labels = check_methods_and_options(names, options, compile, memory, engine)
+        vllm = bench_vllm_settings(labels, engine, (tensor_parallel_size, pipeline_parallel_size,
+                                   distributed_executor_backend, vllm_arg), options, datastore)
         from .. import bench as lib
 
-        cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=lib.method_list(names), prompts=prompts,
+        cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=labels, prompts=prompts,
                               limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
                               datastore=list(datastore or []), window=window, options=options, threads=threads,
-                              budget=budget, kernels=kernels, compile=compile)
+                              budget=budget, kernels=kernels, compile=compile, engine=engine, vllm=vllm)
         cfg.settings = settings  # checked once, above
-        if batch_size is not None:
-            run_throughput(lib, cfg, batch_size, names, out, (resume, compare_to, plot), as_json)
-            return
-        run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
+        if batch_size is None:
+            return run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
+        run_throughput(lib, cfg, batch_size, names, out, (resume, compare_to, plot), as_json)
 
 
 def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as_json: bool) -> None:
@@ -94,7 +98,7 @@ def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as
     sizes = throughput.parse_sizes(batch_size)
     if any(refused):
         raise SpecdecError("--resume, --compare and --plot belong to the latency mode; drop them with --batch-size")
-    cfg.methods = throughput.check_methods(names)  # ar runs sequentially in any case; listed, batched too
+    cfg.methods = throughput.check_methods(names, cfg.engine)  # ar runs sequentially anyway; listed, batched too
     if out:
         throughput.check_out(out)
     set_threads(cfg.settings.threads)
@@ -111,20 +115,44 @@ def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as
         throughput.print_table(record)
 
 
-def check_methods_and_options(names: list[str], options: dict, compile: str, memory: Optional[str]) -> None:
-    """Method names, --opt values (against every method of the run that takes them), --compile, --memory: all
-    before torch is imported (an error comes in well under 1 s)."""
+def load_models(api, cfg):
+    """The target and drafts when a method runs on specdec's engine; the model's text side alone otherwise
+    (vLLM loads the weights in its own processes)."""
+    from ..methods import engine_of
+
+    if any(engine_of(m, cfg.engine) == "specdec" for m in cfg.methods):
+        return api.load(cfg.model, cfg.drafts, cfg.dtype, cfg.device, cfg.kernels)
+    return api.load_text(cfg.model), []
+
+
+def check_methods_and_options(names: list[str], options: dict, compile: str, memory: Optional[str],
+                              engine: str = "specdec") -> list[str]:
+    """Method labels (``NAME`` or ``NAME@ENGINE``), --opt values (against every method of the run that takes
+    them), --compile, --memory: all before torch is imported (an error comes in well under 1 s). Returns the run's
+    labels, its baseline first."""
     from ..config import HF_BASELINES
-    from ..methods import check_methods, check_options
+    from ..methods import check_options, method_list, split_label
     from ..runtime.cache_mode import check as check_compile
 
-    check_methods(names, HF_BASELINES)
+    labels = method_list(names, engine)
     check_compile(compile)
-    check_options([m for m in names if m not in HF_BASELINES] or ["ar"], options)
+    check_options([n for n in (split_label(m, engine)[0] for m in labels) if n not in HF_BASELINES] or ["ar"], options)
     if memory:
         from ..drafting.output_memory import check_folder
 
         check_folder(memory)
+    return labels
+
+
+def bench_vllm_settings(labels: list[str], engine: str, flags_given: tuple, options: dict, datastore) -> dict:
+    """vLLM's settings when the run holds a vLLM method (``{}`` otherwise, with the vLLM flags refused)."""
+    from ..methods import engine_of
+    from .on_vllm import PROPOSER_OPTIONS, vllm_settings
+
+    on_vllm = any(engine_of(m, engine) == "vllm" for m in labels)
+    stores = [s.split("=", 1)[1] for s in datastore or [] if s.startswith("auto=")]  # auto's, as datastore_for
+    return vllm_settings("vllm" if on_vllm else "specdec", *flags_given,
+                         {k: v for k, v in options.items() if k in PROPOSER_OPTIONS}, stores)
 
 
 def check_stores(lib, cfg) -> dict:
@@ -133,8 +161,10 @@ def check_stores(lib, cfg) -> dict:
     methods."""
     from ..methods import precheck_datastore
 
+    from ..methods import split_label
+
     stores, opened = [], {}
-    for name in cfg.methods:
+    for name in (split_label(m, cfg.engine)[0] for m in cfg.methods):
         found = lib.datastore_for(name, cfg.datastore)
         precheck_datastore(name, found, opened)
         stores += [found] if isinstance(found, str) else list(found or [])
@@ -166,7 +196,7 @@ def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, a
     checkpoint = Checkpoint(out, asdict(cfg), resume)  # locks OUT.partial: a second run on --out is refused
     quiet_libraries()
     prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)  # before the model loads
-    target, drafts = api.load(cfg.model, cfg.drafts, cfg.dtype, cfg.device, cfg.kernels)
+    target, drafts = load_models(api, cfg)
     try:
         record = lib.benchmark(cfg, target, drafts, checkpoint, prompt_list, opened)
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ import typer
 from ..errors import SpecdecError
 from . import options as flags
 from .common import parse_opts, quiet_libraries, read_prompts, user_errors
+from .on_vllm import check_vllm_method, generate_on_vllm, refuse_for_vllm, vllm_settings
 
 
 def register(app: typer.Typer) -> None:
@@ -44,38 +45,61 @@ def generate(
     threads: Optional[int] = flags.THREADS,
     compile: str = flags.COMPILE,
     batch_size: int = flags.BATCH_SIZE,
+    engine: str = flags.ENGINE,
+    tensor_parallel_size: Optional[int] = flags.TENSOR_PARALLEL,
+    pipeline_parallel_size: Optional[int] = flags.PIPELINE_PARALLEL,
+    distributed_executor_backend: Optional[str] = flags.EXECUTOR,
+    vllm_arg: Optional[List[str]] = flags.VLLM_ARG,
 ) -> None:
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
         from ..config import RunSettings, SamplingConfig
-        from ..methods import check_methods, check_options
-        from ..runtime.cache_mode import check as check_compile
 
         prompts = read_prompts(prompt, batch_file)
         settings = RunSettings(max_new_tokens, SamplingConfig(temperature, top_p, top_k), seed, window, budget, threads)
-        check_methods([method])
-        options = method_options(opt, save_adapted, memory)
-        check_compile(compile)
-        check_prompts(prompts, batch_size)
-        check_options([method], options)
-        stores = list(datastore or [])
-        opened = open_stores(method, stores, model)
-        from .. import api
-        from ..runtime.machine import set_threads
+        options, stores = method_options(opt, save_adapted, memory), list(datastore or [])
+        vllm = vllm_settings(engine, tensor_parallel_size, pipeline_parallel_size, distributed_executor_backend,
+                             vllm_arg, options, stores)
+        if vllm:
+            check_vllm_method(method, options, stores)
+            refuse_for_vllm(draft, kernels, compile, budget, device, save_adapted)
+            check_prompts(prompts, batch_size)
+            open_stores("auto", stores, model)
+            return generate_on_vllm(model, method, prompts, settings, vllm, dtype=dtype, batch_size=batch_size,
+                                    raw=raw, system=system, as_json=as_json)
+        on_specdec(model, method, prompts, settings, options, stores, list(draft or []), (dtype, device, kernels),
+                   compile, batch_size, (raw, system, as_json))
 
-        set_threads(settings.threads)
-        target, draft_models = api.load(model, list(draft or []), dtype, device, kernels)
-        encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=max_new_tokens) for p in prompts]
-        meta = {"model": model, "method": method, "drafts": list(draft or [])}
-        if batch_size > 1 and len(encoded) > 1:
-            drafters = api.make_drafters(method, target, draft_models, settings, count=batch_size, datastore=stores,
-                                         options=options, opened=opened, check=False)
-            return answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": batch_size}, as_json)
-        drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,
-                                   compile=compile, opened=opened, check=False)  # options checked above
-        for i, ids in enumerate(encoded):
-            answer(api, target, ids, drafter, settings, i, meta if as_json else None)
-        drafter.finish()
+
+def on_specdec(model: str, method: str, prompts: list[str], settings, options: dict, stores: list[str],
+               drafts: list[str], placement: tuple, compile: str, batch_size: int, output: tuple) -> None:
+    """``generate`` on specdec's own engine: every cheap check, then the model, then the answers."""
+    from ..methods import check_methods, check_options
+    from ..runtime.cache_mode import check as check_compile
+
+    (dtype, device, kernels), (raw, system, as_json) = placement, output
+    check_methods([method])
+    check_compile(compile)
+    check_prompts(prompts, batch_size)
+    check_options([method], options)
+    opened = open_stores(method, stores, model)
+    from .. import api
+    from ..runtime.machine import set_threads
+
+    set_threads(settings.threads)
+    target, draft_models = api.load(model, drafts, dtype, device, kernels)
+    encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=settings.max_new_tokens)
+               for p in prompts]
+    meta = {"model": model, "method": method, "drafts": drafts}
+    if batch_size > 1 and len(encoded) > 1:
+        drafters = api.make_drafters(method, target, draft_models, settings, count=batch_size, datastore=stores,
+                                     options=options, opened=opened, check=False)
+        return answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": batch_size}, as_json)
+    drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,
+                               compile=compile, opened=opened, check=False)  # options checked above
+    for i, ids in enumerate(encoded):
+        answer(api, target, ids, drafter, settings, i, meta if as_json else None)
+    drafter.finish()
 
 
 def check_prompts(prompts: list[str], batch_size: int) -> None:

@@ -44,6 +44,15 @@ COMPILE = typer.Option("auto", "--compile", help="static KV cache and compiled f
 BATCH_SIZE = typer.Option(1, "--batch-size", help="decode up to B prompts of --batch-file together (one target "
                           "forward per step, docs/batching.md); answers still come in input order")
 RAW = typer.Option(False, "--raw", help="do not apply the chat template")
+ENGINE = typer.Option("specdec", "--engine", help="where the target runs: specdec (its own engine, every method) or "
+                      "vllm (vLLM: methods vllm, vllm-ngram, vllm-suffix, auto = specdec's proposer; docs/vllm.md)")
+TENSOR_PARALLEL = typer.Option(None, "--tensor-parallel-size", help="vLLM: GPUs the model is split over (tensor "
+                               "parallel)")
+PIPELINE_PARALLEL = typer.Option(None, "--pipeline-parallel-size", help="vLLM: pipeline stages (GPUs or nodes)")
+EXECUTOR = typer.Option(None, "--distributed-executor-backend", help="vLLM: mp (processes on this machine) or ray "
+                        "(a Ray cluster: several nodes)")
+VLLM_ARG = typer.Option(None, "--vllm-arg", help="vLLM: any other LLM() argument as KEY=VALUE (VALUE read as JSON "
+                        "when it is JSON), repeatable, e.g. --vllm-arg enforce_eager=true")
 JSON = typer.Option(False, "--json", help="machine-readable output: JSON instead of text or a table")
 PLOT = typer.Option(None, "--plot", help="write a PNG chart here")
 METHOD_NAMES = ", ".join(METHODS)

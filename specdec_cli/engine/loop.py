@@ -152,6 +152,15 @@ def vocab_size(model) -> int:
         return int(getattr(getattr(model, "config", None), "vocab_size", None) or 2**62)
 
 
+def cut_at_stop(tokens: list[int], stop_ids) -> list[int]:
+    """Tokens before the first stop token: other engines (transformers, vLLM) keep it in their output and this
+    loop does not -- compare like with like."""
+    for i, tok in enumerate(tokens):
+        if tok in stop_ids:
+            return tokens[:i]
+    return tokens
+
+
 def fit_draft(draft: Draft, max_nodes: int | None, vocab: int, name: str) -> Draft:
     """The draft cut to ``max_nodes`` (nodes come after their parents: a prefix is a tree); a token outside the
     vocabulary is a user error."""

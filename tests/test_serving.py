@@ -1,0 +1,196 @@
+"""specdec's drafting for other engines, without them: the chain drafter (one object, many sequences), the rows
+to sequences tracker (vLLM's proposer interface has no request ids) and the step-cost model. A fake engine
+verifies chains greedily against a known continuation, as vLLM does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec_cli.drafting.output_memory import OutputMemory
+from specdec_cli.serving.chain_sources import ContextChains, MemoryChains, best_chain, rows_chain
+from specdec_cli.serving.chains import ChainDrafter, choose, common_prefix
+from specdec_cli.serving.chain_sources import Offer
+from specdec_cli.serving.pricing import StepCost
+from specdec_cli.serving.rows import RowTracker
+
+MAX_LEN = 4096
+
+
+def brute_chain(rows: np.ndarray) -> list[int]:
+    """The most frequent path, by brute force: at each depth the most common token of the rows on the path, the
+    earliest row first among ties."""
+    alive, out = list(range(len(rows))), []
+    for d in range(rows.shape[1]):
+        counts: dict[int, int] = {}
+        for i in alive:
+            if rows[i, d] >= 0:
+                counts[int(rows[i, d])] = counts.get(int(rows[i, d]), 0) + 1
+        if not counts:
+            break
+        best = max(counts.values())
+        token = next(int(rows[i, d]) for i in alive if rows[i, d] >= 0 and counts[int(rows[i, d])] == best)
+        out.append(token)
+        alive = [i for i in alive if rows[i, d] == token]
+    return out
+
+
+def test_best_chain_is_the_most_frequent_path():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows = rng.integers(0, 3, size=(rng.integers(1, 12), rng.integers(1, 6)))
+        rows[rng.random(rows.shape) < 0.1] = -1
+        for r in rows:  # -1 only after a continuation's end
+            end = np.flatnonzero(r < 0)
+            if end.size:
+                r[end[0]:] = -1
+        tokens, shares = rows_chain(rows, 1.0)
+        assert tokens == brute_chain(rows)
+        assert all(0 < s <= 1 for s in shares)
+
+
+def test_choose_takes_the_best_prefix_and_merges_agreement():
+    a = Offer("context", 3, [1, 2, 3, 4], [0.9] * 4, est=[0.9, 0.9, 0.2, 0.9])
+    b = Offer("memory", 3, [1, 2, 5], [0.5] * 3, est=[0.5, 0.95, 0.1])
+    chain, by = choose([a, b], threshold=0.3)
+    assert chain == [1, 2]  # the third token of either pays less than it costs
+    assert by == [("context", "memory"), ("context", "memory")]
+    assert choose([a, b], threshold=1.0) == ([], [])  # nothing pays at that price
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+
+
+def test_step_cost_recovers_a_linear_step_time():
+    cost = StepCost()
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        tokens = int(rng.integers(1, 17))
+        cost.observe(tokens, 0.020 + 0.002 * tokens, emitted=2)
+    assert cost.per_token == pytest.approx(0.002, rel=0.05)
+    assert cost.threshold == pytest.approx(cost.value * cost.per_token)
+
+
+class FakeEngine:
+    """vLLM's side of the interface: rows of token ids, each row's newly sampled tokens, greedy verification of
+    the drafted chains against each request's known answer; rows condense when a request finishes."""
+
+    def __init__(self, tracker: RowTracker, rows: int = 8):
+        self.tracker, self.buf = tracker, np.zeros((rows, MAX_LEN), dtype=np.int32)
+        self.active: list[dict] = []
+        self.forwards = 0
+
+    def add(self, prompt: list[int], answer: list[int]) -> None:
+        self.active.append({"seq": list(prompt), "answer": list(answer), "done": 0, "sampled": [], "draft": []})
+
+    def step(self) -> None:
+        for req in self.active:  # verify last step's draft (a new request: its prefill samples one token)
+            if not req["sampled"] and not req["done"]:
+                new = [req["answer"][0]]
+            else:
+                todo = req["answer"][req["done"]:]
+                acc = common_prefix(req["draft"], todo[:-1] if len(todo) > 1 else [])
+                new = todo[: acc + 1]
+            req["seq"] += new
+            req["done"] += len(new)
+            req["sampled"] = new
+        self.forwards += 1
+        for i, req in enumerate(self.active):
+            self.buf[i, : len(req["seq"])] = req["seq"]
+        drafts = self.tracker.propose([r["sampled"] for r in self.active],
+                                      np.array([len(r["seq"]) for r in self.active]), self.buf)
+        for req, draft in zip(self.active, drafts):
+            req["draft"] = draft
+            assert all(isinstance(t, int) for t in draft)
+        finished = [r for r in self.active if r["done"] >= len(r["answer"])]
+        for req in finished:  # vLLM condenses: the last row moves into the freed one
+            i = self.active.index(req)
+            self.active[i] = self.active[-1]
+            self.active.pop()
+
+    def run(self) -> None:
+        while self.active:
+            self.step()
+        self.tracker.propose([], np.zeros(0, dtype=np.int64), self.buf)  # an idle call: everyone left
+
+
+def copying_task(seed: int, length: int = 60) -> tuple[list[int], list[int]]:
+    """A prompt, and an answer that copies most of it in order (an edit), with a few changed tokens."""
+    rng = np.random.default_rng(seed)
+    body = rng.integers(100, 400, size=length).tolist()
+    answer = [t if rng.random() > 0.05 else int(rng.integers(400, 500)) for t in body]
+    return [1, 2, 3] + body + [4], answer
+
+
+def make() -> tuple[ChainDrafter, RowTracker]:
+    memory = OutputMemory(100_000)
+    drafter = ChainDrafter([ContextChains(), MemoryChains(memory)], memory)
+    return drafter, RowTracker(drafter, max_draft=8, max_model_len=MAX_LEN)
+
+
+def test_many_sequences_are_tracked_through_row_moves_and_copied():
+    drafter, tracker = make()
+    engine = FakeEngine(tracker)
+    tasks = [copying_task(s) for s in range(6)]
+    for prompt, answer in tasks:
+        engine.add(prompt, answer)
+    engine.run()
+    stats = drafter.stats()
+    assert stats["sequences_begun"] == 6 and stats["sequences_ended"] == 6  # no row was taken for a new request
+    assert not tracker.live and not drafter.seqs
+    emitted = sum(len(a) for _, a in tasks)
+    assert engine.forwards < emitted / 2  # copying pays: over two tokens a step
+    assert stats["sources"]["context"]["accepted"] > 0
+    assert stats["accepted"] <= stats["verified"]
+
+
+def test_identical_requests_in_two_rows_stay_two_sequences():
+    drafter, tracker = make()
+    engine = FakeEngine(tracker)
+    prompt, answer = copying_task(7)
+    engine.add(prompt, answer)
+    engine.add(prompt, answer)
+    engine.run()
+    assert drafter.stats()["sequences_begun"] == 2
+
+
+def test_a_second_pass_drafts_from_the_memory_of_the_first():
+    drafter, tracker = make()
+    rng = np.random.default_rng(3)
+    prompt, answer = [1] + rng.integers(100, 400, size=40).tolist(), rng.integers(500, 900, size=50).tolist()
+    first = FakeEngine(tracker)
+    first.add(prompt, answer)
+    first.run()
+    before = drafter.stats(reset=True)
+    assert before["sources"].get("memory", {}).get("accepted", 0) == 0  # nothing to remember yet
+    second = FakeEngine(tracker)
+    second.add(prompt, answer)
+    second.run()
+    after = drafter.stats()
+    assert after["sources"]["memory"]["accepted"] > 30  # the first pass's answer, drafted back
+    assert second.forwards < first.forwards / 3
+
+
+def test_rows_still_prefilling_and_long_sequences_get_no_draft():
+    drafter = ChainDrafter([ContextChains()])
+    tracker = RowTracker(drafter, max_draft=8, max_model_len=12)
+    buf = np.zeros((2, 12), dtype=np.int32)
+    buf[0, :11] = [5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]
+    out = tracker.propose([[], [6]], np.array([0, 11]), buf[[1, 0]])
+    assert out == [[], []]  # a prefilling row; a row one token from the model's length
+    buf[1, :6] = [5, 6, 7, 5, 6, 7]
+    assert len(tracker.propose([[7]], np.array([6]), buf[[1]])[0]) <= 12 - 1 - 6
+
+
+def test_engine_vllm_without_vllm_installed_is_one_line():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.modules['vllm'] = None; sys.argv = ['specdec', 'generate', '--engine', 'vllm', 'hi']; "
+            "from specdec_cli.cli import main; main()")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error: --engine vllm needs vLLM"), proc.stderr
