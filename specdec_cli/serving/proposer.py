@@ -82,13 +82,13 @@ class SpecdecProposer:
     def stats(self, reset: bool = False) -> dict:
         return self.drafter.stats(reset)
 
-    def finish(self) -> None:
-        """Every live sequence joins the memory, which is saved to its folder (``--memory``)."""
+    def finish(self, save: bool = True) -> None:
+        """Every live sequence joins the memory, which is saved to its folder (``--memory``) when ``save``."""
         for seq in list(self.rows.live):
             self.drafter.end(seq)
         self.rows.live.clear()
         folder, memory = self.settings["memory_dir"], self.drafter.memory
-        if folder and memory is not None:
+        if save and folder and memory is not None:
             memory.save(folder, self.settings["fingerprint"])
 
 
@@ -104,7 +104,8 @@ class SpecdecWorkerExtension:
         return proposer.stats(reset) if proposer is not None else None
 
     def specdec_finish(self) -> bool:
+        """Every rank drafts the same chains from the same tokens; the first alone saves the memory."""
         proposer = self._specdec_proposer()
         if proposer is not None:
-            proposer.finish()
+            proposer.finish(save=getattr(self, "rank", 0) == 0)
         return proposer is not None

@@ -93,8 +93,20 @@ def prepare_environment(opts: EngineOptions) -> None:
         n, ranks = opts.threads, opts.tensor_parallel_size * opts.pipeline_parallel_size
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(f"{r * n}-{r * n + n - 1}" for r in range(ranks))
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    env.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     env[ENV] = json.dumps(opts.drafter)
+    if opts.executor == "ray":
+        ray_environment({ENV: env[ENV]})
+
+
+def ray_environment(env_vars: dict) -> None:
+    """On a Ray cluster vLLM's workers run on other nodes, which do not inherit this process's environment: the
+    proposer's settings travel in the job's runtime environment (Ray reads RAY_ADDRESS to find the cluster)."""
+    try:
+        import ray
+    except ImportError:
+        raise SpecdecError("--distributed-executor-backend ray needs Ray (pip install 'ray[default]')") from None
+    if not ray.is_initialized():
+        ray.init(runtime_env={"env_vars": env_vars})
 
 
 def check_model(text, source: str, config) -> None:
