@@ -120,6 +120,9 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
 
     check_methods(names, HF_BASELINES)
     check_compile(compile)
+    if memory and "auto" not in names:
+        raise SpecdecError("--memory is an option of auto only (its memory of earlier outputs); drop it, or add "
+                           "auto to --methods")
     check_options([m for m in names if m not in HF_BASELINES] or ["ar"], options)
     if memory:
         from ..drafting.output_memory import check_folder

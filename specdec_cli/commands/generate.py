@@ -54,9 +54,9 @@ def generate(
         prompts = read_prompts(prompt, batch_file)
         settings = RunSettings(max_new_tokens, SamplingConfig(temperature, top_p, top_k), seed, window, budget, threads)
         check_methods([method])
-        options = method_options(opt, save_adapted, memory)
+        options = method_options(opt, save_adapted, memory, method)
         check_compile(compile)
-        check_prompts(prompts, batch_size)
+        batch_size = check_prompts(prompts, batch_size)
         check_options([method], options)
         stores = list(datastore or [])
         opened = open_stores(method, stores, model)
@@ -78,11 +78,15 @@ def generate(
         drafter.finish()
 
 
-def check_prompts(prompts: list[str], batch_size: int) -> None:
-    if batch_size < 1:
-        raise SpecdecError(f"--batch-size must be at least 1, got {batch_size}")
+def check_prompts(prompts: list[str], batch_size: int) -> int:
+    """The prompts are not empty; returns the batch size to use: ``--batch-size`` (checked against its bound), at
+    most one slot per prompt."""
+    from ..config import check_batch_size
+
+    check_batch_size(batch_size)
     if any(not p.strip() for p in prompts):
         raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
+    return min(batch_size, len(prompts))
 
 
 def open_stores(method: str, stores: list[str], model: str) -> dict:
@@ -99,7 +103,8 @@ def open_stores(method: str, stores: list[str], model: str) -> dict:
     return opened
 
 
-def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory: Optional[str]) -> dict[str, str]:
+def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory: Optional[str],
+                   method: str) -> dict[str, str]:
     """``--opt`` values, with ``--save-adapted`` (aded) and ``--memory`` (auto) as the options they are: the
     other methods refuse them."""
     options = parse_opts(opt)
@@ -108,6 +113,9 @@ def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory
     if memory:
         from ..drafting.output_memory import check_folder
 
+        if method != "auto":
+            raise SpecdecError(f"--memory is an option of auto only (its memory of earlier outputs); drop it, or "
+                               f"use --method auto instead of {method}")
         check_folder(memory)
         options["memory_dir"] = memory
     return options
