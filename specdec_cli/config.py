@@ -25,6 +25,7 @@ HF_BASELINES = {  # transformers' own decoding, as bench baselines
 MAX_PROMPT_BYTES = 8 << 20  # no model's context holds more text than this; larger prompts are refused unread
 MAX_BATCH_FILE_BYTES = 8 << 20  # a --batch-file (or stdin) of prompts: a path is read no further than this either
 MAX_BATCH_SIZE = 256  # --batch-size: each slot holds its own drafter and cache row; batching gains flatten far below
+MAX_MEMORY_TOKENS = 1 << 24  # auto's --opt memory_tokens: ~200 bytes a token indexed, about 3.4 GB at this bound
 
 
 @dataclass(frozen=True)

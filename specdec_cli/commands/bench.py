@@ -54,9 +54,7 @@ def bench(
     tolerance: float = typer.Option(0.10, "--tolerance", help="allowed relative speedup drop for --compare"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG bar chart of speedups"),
     as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
-    batch_size: Optional[str] = typer.Option(None, "--batch-size", help="throughput mode: batch sizes (e.g. "
-                                             "1,4,8,16); first turns, sequential ar and transformers' batched "
-                                             "generate as baselines (docs/bench.md)"),
+    batch_size: Optional[str] = typer.Option(None, "--batch-size", help=flags.BATCH_SIZES_HELP),
 ) -> None:
     """Benchmark methods side by side: tokens/s, speedup vs ar, accepted length, sigma, eta, identical outputs."""
     from .common import parse_opts, user_errors

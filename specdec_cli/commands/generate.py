@@ -37,7 +37,7 @@ def generate(
     device: str = flags.DEVICE,
     raw: bool = flags.RAW,
     system: Optional[str] = typer.Option(None, "--system", help="system message for chat models"),
-    batch_file: Optional[str] = typer.Option(None, "--batch-file", help="one prompt per line ('-' = stdin)"),
+    batch_file: Optional[str] = typer.Option(None, "--batch-file", help=flags.BATCH_FILE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object per prompt (text + statistics)"),
     budget: str = flags.BUDGET,
     kernels: str = flags.KERNELS,

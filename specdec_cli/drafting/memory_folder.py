@@ -28,6 +28,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..config import MAX_MEMORY_TOKENS
 from ..errors import SpecdecError
 from ..io.atomic import write_text
 from ..io.jsonl import read_json
@@ -37,7 +38,7 @@ FORMAT = "specdec-memory"
 VERSION = 1
 MANIFEST = "memory.json"
 MAX_MANIFEST_BYTES = 1 << 20  # a memory.json is a few hundred bytes
-MAX_TOKENS_LIMIT = 1 << 24  # the largest memory (--opt memory_tokens): ~200 bytes a token, about 3.4 GB indexed
+MAX_TOKENS_LIMIT = MAX_MEMORY_TOKENS  # the largest memory (--opt memory_tokens)
 HEADER_BYTES = 4096  # the largest .npy header read (numpy writes 128 bytes)
 
 
