@@ -18,6 +18,7 @@ file first, so a reader sees the old memory or the new one, never a mix.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import stat
 import tempfile
@@ -234,9 +235,11 @@ def _write(folder: Path, fingerprint: str, sequences: list[list[int]], max_token
     name = f"tokens-{os.getpid()}-{time.time_ns()}.npy"  # unique: a second save of this process never collides
     tmp, final = folder / f".{name}.tmp", folder / name
     done = False
+    data = io.BytesIO()
+    np.save(data, flat)  # in memory first: numpy's own file writes report a short write without its errno
     try:
         with open(tmp, "wb") as fh:
-            np.save(fh, flat)
+            fh.write(data.getbuffer())
         os.replace(tmp, final)
         write_text(folder / MANIFEST, json_text(fingerprint, name, flat.size, len(sequences), max_tokens))
         done = True
