@@ -20,7 +20,7 @@ import torch
 
 from .. import api
 from ..errors import SpecdecError
-from ..io.jsonl import iter_jsonl
+from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..runtime.machine import set_threads
 from .config import HF_BASELINES, WARMUP_TOKENS
 from .records import git_commit, machine_info
@@ -58,7 +58,7 @@ def check_out(path: str) -> None:
     if target.is_dir():
         raise SpecdecError(f"--out {path} is a directory")
     if target.exists() and target.stat().st_size:
-        for n, value in enumerate(iter_jsonl(path, "--out", objects=False), 1):  # bounded, one line per problem
+        for n, value in enumerate(iter_jsonl(path, "--out", objects=False, limit=MAX_JSONL_BYTES), 1):  # bounded
             if not isinstance(value, dict) or value.get("schema") != SCHEMA:
                 raise SpecdecError(f"--out {path}: record {n} is not a throughput record ({SCHEMA}); "
                                    "give a new file")

@@ -22,6 +22,7 @@ from ..errors import SpecdecError
 MAX_DEPTH = 100  # far deeper than anything specdec writes (about 10 levels), far below Python's recursion limit
 MAX_JSON_BYTES = 64 << 20  # the largest JSON file read whole: manifests and caches are kilobytes, checkpoints MBs
 MAX_LINE_BYTES = 64 << 20  # the longest JSON line: a bench record with every token of every generation fits
+MAX_JSONL_BYTES = 1 << 30  # a JSON-lines file read whole (bench records, prompts): far beyond any real one
 CHUNK = 1 << 20  # read granularity: Ctrl-C is seen between chunks
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string (brackets inside it do not nest)
 _STEP = np.zeros(256, np.int8)  # per byte: +1 opens a level, -1 closes one
@@ -73,19 +74,22 @@ def read_json(path: str | Path, limit: int = MAX_JSON_BYTES):
     return loads(read_bounded(path, limit))
 
 
-def iter_jsonl(path: str | Path, what: str = "file", objects: bool = True) -> Iterator:
+def iter_jsonl(path: str | Path, what: str = "file", objects: bool = True, limit: int | None = None) -> Iterator:
     """The values of a (optionally gzipped) JSON-lines file, blank lines skipped; with ``objects`` every value must
-    be a JSON object. Missing, binary or malformed files, lines longer than :data:`MAX_LINE_BYTES` and values
-    nested too deep are a :class:`SpecdecError` naming ``what``, the path and the line."""
+    be a JSON object. Missing, binary or malformed files, lines longer than :data:`MAX_LINE_BYTES`, values nested
+    too deep and (given ``limit``: for files read whole into memory) more than ``limit`` bytes in all are a
+    :class:`SpecdecError` naming ``what``, the path and the line."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
-            n = 0
+            n = total = 0
             while line := fh.readline(MAX_LINE_BYTES + 1):
-                n += 1
+                n, total = n + 1, total + len(line)
                 if len(line) > MAX_LINE_BYTES:
                     raise SpecdecError(f"{what} {path}: line {n} is longer than {MAX_LINE_BYTES:,} bytes")
+                if limit is not None and total > limit:
+                    raise SpecdecError(f"{what} {path} is larger than {limit:,} bytes")
                 if not line.strip():
                     continue
                 value = _line_value(line, what, path, n)
