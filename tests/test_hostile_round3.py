@@ -32,26 +32,42 @@ NO_MODEL_MIB = 1024  # a refusal before any model loads: the interpreter and its
 NESTED = "[" * 100_000  # deeper than Python's recursion limit: json.loads raised RecursionError
 
 
+# ``python -m specdec_cli.cli ARGS`` that writes its own peak resident memory (``VmHWM``, KiB) to $SPECDEC_TEST_PEAK
+# at exit. Measured inside: the ``ru_maxrss`` that ``wait4`` reports counts the pages the child shared with this
+# test process before its exec (several GB once a test here has loaded a model).
+PEAK = r"""
+import atexit, os, runpy
+
+def peak():
+    with open("/proc/self/status") as status, open(os.environ["SPECDEC_TEST_PEAK"], "w") as out:
+        out.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+
+atexit.register(peak)
+runpy.run_module("specdec_cli.cli", run_name="__main__", alter_sys=True)
+"""
+
+
 def run(*args, stdin=None, env=None, timeout: float = 300, preexec_fn=None) -> tuple[subprocess.CompletedProcess,
                                                                                       float]:
     """``specdec ARGS`` in a subprocess: the finished process and its peak resident memory in MiB."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as peak:
         feed = subprocess.PIPE if isinstance(stdin, bytes) else (stdin or subprocess.DEVNULL)
-        proc = subprocess.Popen([*CMD, *map(str, args)], stdin=feed, stdout=out, stderr=err, env=env or ENV,
-                                preexec_fn=preexec_fn)
+        proc = subprocess.Popen([sys.executable, "-c", PEAK, *map(str, args)], stdin=feed, stdout=out, stderr=err,
+                                env={**(env or ENV), "SPECDEC_TEST_PEAK": peak.name}, preexec_fn=preexec_fn)
         timer = threading.Timer(timeout, proc.kill)  # a hang fails the test below (killed: not exit 2)
         timer.start()
         try:
             if isinstance(stdin, bytes):
                 proc.stdin.write(stdin)
                 proc.stdin.close()
-            _, status, usage = os.wait4(proc.pid, 0)
+            proc.wait()
         finally:
             timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess(args, proc.returncode, out.read(), err.read()), usage.ru_maxrss / 1024
+        kib = peak.read().strip()
+        return subprocess.CompletedProcess(args, proc.returncode, out.read(), err.read()), int(kib or 0) / 1024
 
 
 def refused(*args, needles=(), **kwargs) -> str:
