@@ -8,18 +8,20 @@
     result = api.run(target, ids, drafter, settings)
     print(api.decode(target, result.tokens), result.summary())
 
-``make_drafter`` and ``run`` also take the settings' fields as keywords (``max_new_tokens=64``), checked the same
-way (:class:`~specdec_cli.config.RunSettings`).
+``make_drafter``, ``run`` and ``run_batch`` also take the settings' fields as keywords (``max_new_tokens=64``),
+checked the same way (:class:`~specdec_cli.config.RunSettings`); given with ``settings``, they override its fields
+(``api.run(target, ids, drafter, settings, max_new_tokens=8)``: a short warm-up with the run's other values).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from .runtime import profile
 from .runtime import decoder, kernels
 from .runtime.dot import warm_up
-from .config import RunSettings, SamplingConfig
+from .config import RunSettings, SamplingConfig, check_batch_size
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
@@ -37,6 +39,13 @@ def note(message: str) -> None:
     """Progress for long one-time work, on stderr when it is a terminal (logs of piped runs stay clean)."""
     if sys.stderr is not None and sys.stderr.isatty():
         print(f"specdec: {message} ...", file=sys.stderr, flush=True)
+
+
+def with_values(settings: RunSettings | None, values: dict) -> RunSettings:
+    """``settings`` with the fields given as keywords replaced (checked again), else settings made of them."""
+    if settings is None:
+        return RunSettings(**values)
+    return replace(settings, **values) if values else settings
 
 
 def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "auto", device: str = "auto",
@@ -103,7 +112,7 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     (:func:`specdec_cli.methods.precheck_datastore`), used instead of opening them again. ``compile``: ``--compile``
     (auto, on, off, static) or a resolved :class:`~specdec_cli.runtime.cache_mode.CacheMode`, resolved here once:
     the drafter keeps it (``drafter.cache_mode``) and :func:`run` generates on that path."""
-    settings = settings or RunSettings(**values)
+    settings = with_values(settings, values)
     mode = settings.budget
     stores = [datastore] if isinstance(datastore, str) else list(datastore or [])
     if method != "auto" and len(stores) > 1:
@@ -129,7 +138,7 @@ def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, settings: 
     ``sampling=``, ``seed=``). ``compile``: None (default) runs on the path the drafter was made for
     (:func:`make_drafter`'s ``compile``; ``auto`` for a drafter made elsewhere); a value (auto, on, off, static, or
     a :class:`~specdec_cli.runtime.cache_mode.CacheMode`) overrides it."""
-    settings = settings or RunSettings(**values)
+    settings = with_values(settings, values)
     chosen = drafter.cache_mode if compile is None else compile
     cache_mode = resolve("auto" if chosen is None else chosen, target.model)
     return generate(target.model, prompt_ids, drafter, max_new_tokens=settings.max_new_tokens,
@@ -141,8 +150,7 @@ def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = 
                   count: int = 1, **kwargs) -> list[Drafter]:
     """``count`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`; what one
     learns about the run's outputs (``auto``'s memory) the others share."""
-    if count < 1:
-        raise SpecdecError(f"--batch-size must be at least 1, got {count}")
+    check_batch_size(count)
     if kwargs.get("opened") is None:  # one open per datastore, shared by the slots (and aded's adapted matrix)
         kwargs["opened"] = {}
     first = make_drafter(method, target, drafts, settings, **kwargs)
@@ -156,7 +164,7 @@ def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Draf
               settings: RunSettings | None = None, *, on_result=None, on_step=None, **values) -> list[GenerationResult]:
     """Every prompt, up to ``len(drafters)`` decoding together (:mod:`specdec_cli.engine.batch`): one target forward
     per step for the whole batch. ``on_result(index, result)`` as each prompt finishes; results in input order."""
-    settings = settings or RunSettings(**values)
+    settings = with_values(settings, values)
     times = None
     if drafters and drafters[0].budget.mode == "auto" and len(drafters) > 1:  # priced with measured batch forwards
         from .runtime.batch_profile import batch_times_for

@@ -11,6 +11,7 @@ torch or a model loads.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .errors import SpecdecError
@@ -34,6 +35,9 @@ VLLM_METHODS = {  # methods on --engine vllm (specdec_cli.serving.vllm_engine)
             "one chain per sequence, sized by what pays",
 }
 MAX_PROMPT_BYTES = 8 << 20  # no model's context holds more text than this; larger prompts are refused unread
+MAX_BATCH_FILE_BYTES = 8 << 20  # a --batch-file (or stdin) of prompts: a path is read no further than this either
+MAX_BATCH_SIZE = 256  # --batch-size: each slot holds its own drafter and cache row; batching gains flatten far below
+MAX_MEMORY_TOKENS = 1 << 24  # auto's --opt memory_tokens: ~200 bytes a token indexed, about 3.4 GB at this bound
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,29 @@ def positive(value: int | None, flag: str) -> None:
         raise SpecdecError(f"{flag} must be >= 1, got {value}")
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_threads(threads: int | None) -> None:
+    """``--threads``: from 1 to the CPUs this process may use (more only slows torch down, and every kernel plan
+    and forward-time profile would be measured again for a thread count that is never right)."""
+    positive(threads, "--threads")
+    if threads is not None and threads > cpu_count():
+        raise SpecdecError(f"--threads must be at most {cpu_count()} (the CPUs this process may use), got {threads}")
+
+
+def check_batch_size(size: int, flag: str = "--batch-size") -> int:
+    """A batch size from 1 to :data:`MAX_BATCH_SIZE`."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE:
+        raise SpecdecError(f"{flag} must be from 1 to {MAX_BATCH_SIZE}, got {size}")
+    return size
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """What a generation is asked for, checked when made (a :class:`SpecdecError` names the flag)."""
@@ -89,7 +116,7 @@ class RunSettings:
     def __post_init__(self) -> None:
         positive(self.max_new_tokens, "--max-new-tokens")
         positive(self.window, "--window")
-        positive(self.threads, "--threads")
+        check_threads(self.threads)
         object.__setattr__(self, "budget", parse_budget(self.budget))
 
 

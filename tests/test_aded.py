@@ -164,11 +164,14 @@ def test_aded_greedy_matches_ar(smollm2, stdlib_store, greedy_cases, tmp_path):
 
     drafter = api.make_drafter("aded", smollm2, datastore=str(stdlib_store), options={"iterations": "60"})
     accepted = candidates = 0
-    for ids, expected in greedy_cases:
+    for i, (ids, expected) in enumerate(greedy_cases):
         result = api.run(smollm2, ids, drafter, max_new_tokens=32)
         assert result.tokens == expected
         s = result.summary()
-        assert s["mcts_ms_per_step"] > 0  # every generation's first step searches (a probe always drafts)
+        # a new drafter's first step searches (a probe always drafts); a later generation's first step may still be
+        # inside the gated stretch of a drafter that lost badly on the previous one (Budget.start: on a busy CPU the
+        # search costs more than it yields), and then it does not search at all
+        assert s["mcts_ms_per_step"] > 0 if i == 0 else (s["mcts_ms_per_step"] > 0 or s["gated_steps"] > 0)
         assert s["accepted"] <= s["drafted"] and s["mcts_empty_steps"] <= s["target_forwards"]
         accepted += s["accepted"]
         candidates += s["mcts_candidates_per_step"]

@@ -20,7 +20,7 @@ def specdec(*args, stdin=None):
 
 
 @pytest.mark.parametrize("args,needle", [(["generate", "x", "--batch-size", "0"], "--batch-size"),
-                                         (["bench", "--batch-size", "2,0"], "at least 1"),
+                                         (["bench", "--batch-size", "2,0"], "from 1 to 256"),
                                          (["bench", "--batch-size", "x"], "positive integers"),
                                          (["bench", "--batch-size", "2", "--methods", "hf-pld"], "hf-pld")])
 def test_bad_batch_sizes_are_one_line(args, needle):

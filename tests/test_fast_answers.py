@@ -71,7 +71,7 @@ def test_an_over_large_prompt_is_refused_unread(tmp_path):
     big = tmp_path / "big.txt"
     big.write_text("x" * (9 << 20) + "\n")
     (result,), torch_imported = probe([["generate", "--batch-file", str(big)]])
-    assert result["code"] == 2 and "larger than any model's context" in result["stderr"]
+    assert result["code"] == 2 and "larger than 8,388,608 bytes" in result["stderr"]  # read no further
     assert not torch_imported
 
 

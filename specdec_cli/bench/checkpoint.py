@@ -26,10 +26,12 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from ..errors import SpecdecError
+from ..io.jsonl import MAX_LINE_BYTES, loads, read_json
 
 SCHEMA = "specdec-bench-partial/1"
 STATE_SCHEMA = "specdec-bench-state/1"
 GENERATION_FIELDS = None  # filled lazily: the Generation dataclass's field names
+MAX_PARTIAL_BYTES = 1 << 30  # far more than the generations of any bench run; more is not a file a run wrote
 
 
 def _normal(value):
@@ -119,17 +121,7 @@ class Checkpoint:
         os.fsync(self._fd)
 
     def _load(self) -> None:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except (OSError, UnicodeDecodeError):
-            raise SpecdecError(f"--resume: cannot read {self.path}") from None
-        entries = []
-        for line in lines:
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # the line a kill cut short
+        entries = self._read_entries()
         header = entries[0] if entries and isinstance(entries[0], dict) else {}
         if header.get("schema") != SCHEMA:
             raise SpecdecError(f"--resume: {self.path} is not a partial bench run")
@@ -162,12 +154,31 @@ class Checkpoint:
         except OSError as err:
             raise SpecdecError(f"cannot write {self.path}: {err.strerror or err}") from None
 
+    def _read_entries(self) -> list:
+        """The JSON values of ``FILE.partial``'s lines, read line by line and bounded (a line that is not JSON --
+        the one a kill cut short -- is skipped)."""
+        entries, total = [], 0
+        try:
+            with open(self.path, "rb") as fh:
+                while line := fh.readline(MAX_LINE_BYTES + 1):
+                    total += len(line)
+                    if total > MAX_PARTIAL_BYTES:
+                        raise SpecdecError(f"--resume: {self.path} is larger than {MAX_PARTIAL_BYTES:,} bytes; not a "
+                                           "partial bench run")
+                    try:
+                        entries.append(loads(line))
+                    except ValueError:  # JSON, UTF-8 and depth errors alike
+                        continue
+        except OSError:
+            raise SpecdecError(f"--resume: cannot read {self.path}") from None
+        return entries
+
     def _load_states(self) -> dict[str, dict]:
         if self.state_path is None or not self.state_path.exists():
             return {}
         try:
-            data = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
+            data = read_json(self.state_path, MAX_PARTIAL_BYTES)
+        except (OSError, ValueError):
             data = None  # torn or damaged: every method reruns from its start (the header alone is certain)
         if not isinstance(data, dict) or data.get("schema") != STATE_SCHEMA or data.get("config") != self.config \
                 or not isinstance(data.get("methods"), dict):

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecdecError
-from ..io.jsonl import iter_jsonl
+from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..io.prompts import Prompt
 from ..runtime.machine import cpu_name
 from .config import RECORD_SCHEMA, BenchConfig, Generation
@@ -164,7 +164,7 @@ def read_records(path: str, what: str = "--compare", merge: bool = False) -> lis
     """The bench records of a JSONL file, one per line; anything else (another JSON object, a record with a field
     of the wrong type) is a clear error now, before any run: never a traceback after it. ``merge``: also the
     per-generation counts ``bench-merge`` re-aggregates."""
-    records = list(iter_jsonl(path, what))
+    records = list(iter_jsonl(path, what, limit=MAX_JSONL_BYTES))
     for n, record in enumerate(records, 1):
         problem = record_problem(record, merge)
         if problem:

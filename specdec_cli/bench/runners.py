@@ -270,7 +270,7 @@ def restore_state(runner: Runner, method: str, state, checkpoint) -> None:
     """Load a method's learned state from a checkpoint file (JSON from disk: anything malformed is one error)."""
     try:
         runner.load_state(state)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
         raise SpecdecError(f"--resume: {checkpoint.state_path} holds a damaged state for method {method}; drop "
                            "--resume to start over") from None
 

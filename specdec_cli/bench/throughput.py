@@ -10,7 +10,6 @@ best B), target forwards, outputs identical to ``ar``'s, and the peak resident m
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -21,6 +20,7 @@ import torch
 
 from .. import api
 from ..errors import SpecdecError
+from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..runtime.machine import set_threads
 from .config import HF_BASELINES, WARMUP_TOKENS
 from .records import git_commit, machine_info
@@ -30,16 +30,16 @@ SCHEMA = "specdec-bench-throughput/1"
 
 
 def parse_sizes(text: str) -> list[int]:
-    """``--batch-size 1,4,8``: positive integers, in the order given, without repeats."""
+    """``--batch-size 1,4,8``: integers from 1 to ``MAX_BATCH_SIZE``, in the order given, without repeats."""
+    from ..config import check_batch_size
+
     sizes = []
     for item in text.split(","):
         try:
             size = int(item.strip())
         except ValueError:
-            raise SpecdecError(f"--batch-size takes positive integers separated by commas, got {text!r}") from None
-        if size < 1:
-            raise SpecdecError(f"--batch-size must be at least 1, got {size}")
-        sizes.append(size)
+            raise SpecdecError(f"--batch-size takes positive integers separated by commas, got {text[:40]!r}") from None
+        sizes.append(check_batch_size(size))
     return list(dict.fromkeys(sizes))
 
 
@@ -61,13 +61,9 @@ def check_out(path: str) -> None:
     if target.is_dir():
         raise SpecdecError(f"--out {path} is a directory")
     if target.exists() and target.stat().st_size:
-        for n, line in enumerate(target.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            try:
-                ok = json.loads(line).get("schema") == SCHEMA if line.strip() else True
-            except (ValueError, AttributeError):
-                ok = False
-            if not ok:
-                raise SpecdecError(f"--out {path}: line {n} is not a throughput record ({SCHEMA}); "
+        for n, value in enumerate(iter_jsonl(path, "--out", objects=False, limit=MAX_JSONL_BYTES), 1):  # bounded
+            if not isinstance(value, dict) or value.get("schema") != SCHEMA:
+                raise SpecdecError(f"--out {path}: record {n} is not a throughput record ({SCHEMA}); "
                                    "give a new file")
 
 
@@ -210,6 +206,7 @@ def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | No
     from .engines import close_engines, start_vllm_engines
 
     ids = [encode_turn(target, p, 0, [], cfg.max_new_tokens) for p in prompts]
+    sizes = list(dict.fromkeys(min(size, len(ids)) for size in sizes))  # a slot per prompt at most
     engines = start_vllm_engines(cfg, target, max(sizes), max(sizes) * (max(map(len, ids)) + cfg.max_new_tokens + 33))
     try:
         first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy)

@@ -54,9 +54,7 @@ def bench(
     tolerance: float = typer.Option(0.10, "--tolerance", help="allowed relative speedup drop for --compare"),
     plot: Optional[str] = flags.PLOT,
     as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object instead of a table"),
-    batch_size: Optional[str] = typer.Option(None, "--batch-size", help="throughput mode: batch sizes (e.g. "
-                                             "1,4,8,16); first turns, sequential ar and transformers' batched "
-                                             "generate as baselines (docs/bench.md)"),
+    batch_size: Optional[str] = typer.Option(None, "--batch-size", help=flags.BATCH_SIZES_HELP),
     engine: str = flags.ENGINE,
     tensor_parallel_size: Optional[int] = flags.TENSOR_PARALLEL,
     pipeline_parallel_size: Optional[int] = flags.PIPELINE_PARALLEL,
@@ -136,6 +134,9 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
 
     labels = method_list(names, engine)
     check_compile(compile)
+    if memory and "auto" not in (split_label(m, engine)[0] for m in labels):
+        raise SpecdecError("--memory is an option of auto only (its memory of earlier outputs); drop it, or add "
+                           "auto to --methods")
     check_options([n for n in (split_label(m, engine)[0] for m in labels) if n not in HF_BASELINES] or ["ar"], options)
     if memory:
         from ..drafting.output_memory import check_folder

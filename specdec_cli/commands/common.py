@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator, List, Optional
 
 import typer
 
 from ..errors import SpecdecError
-from ..config import MAX_PROMPT_BYTES, check_prompt_size
+from ..config import MAX_BATCH_FILE_BYTES, MAX_PROMPT_BYTES, check_prompt_size
+
+READ_CHUNK = 1 << 20  # prompts are read a MiB at a time: Ctrl-C is seen between chunks
 
 
 def die(message: str, code: int = 2) -> None:
@@ -77,27 +78,49 @@ def read_prompts(prompt: Optional[str], batch_file: Optional[str]) -> list[str]:
 
 
 def read_prompt_lines(path: str, option: str) -> list[str]:
-    """One prompt per non-empty line of ``path`` ('-' = stdin), as UTF-8 text: the one prompt-line reader."""
+    """One prompt per non-empty line of ``path`` ('-' = stdin), as UTF-8 text: the one prompt-line reader. At most
+    :data:`MAX_BATCH_FILE_BYTES` are read, in chunks (``/dev/zero`` or an endless pipe is refused, and Ctrl-C
+    stops the read). Lines end at ``\n`` (or ``\r\n``) only: a form feed, ``\v``, U+2028 and the other breaks
+    ``str.splitlines`` knows are characters of a prompt."""
     if path == "-":
         text = read_stdin()
     else:
         try:
-            text = Path(path).read_bytes().decode("utf-8")
+            with open(path, "rb") as fh:
+                raw = read_chunks(fh, MAX_BATCH_FILE_BYTES)
         except OSError as err:
-            raise SpecdecError(f"cannot read {option} {path}: {err.strerror}") from None
+            raise SpecdecError(f"cannot read {option} {path}: {err.strerror or err}") from None
+        if len(raw) > MAX_BATCH_FILE_BYTES:
+            raise SpecdecError(f"{option} {path} is larger than {MAX_BATCH_FILE_BYTES:,} bytes; split it into "
+                               "several runs")
+        try:
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise SpecdecError(f"{option} {path} is not UTF-8 text (one prompt per line)") from None
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    lines = [line for line in lines if line.strip()]
     for i, line in enumerate(lines):
         check_prompt_size(line, f"prompt {i + 1} of {option} {path}")
     return lines
 
 
+def read_chunks(stream, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``stream``, read a chunk at a time (one more than ``limit``: too large)."""
+    parts, size = [], 0
+    while size <= limit:
+        chunk = stream.read(min(READ_CHUNK, limit + 1 - size))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return parts[0][:0].join(parts) if parts else b""  # bytes, or text from a text-only stream
+
+
 def read_stdin() -> str:
-    """All of stdin as UTF-8 text (a clear error for binary input)."""
-    stream = getattr(sys.stdin, "buffer", None)
+    """All of stdin as UTF-8 text (a clear error for binary input), read no further than the prompt bound."""
+    stream = getattr(sys.stdin, "buffer", None) or sys.stdin
     try:
-        raw = stream.read(MAX_PROMPT_BYTES + 1) if stream is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1)
+        raw = read_chunks(stream, MAX_PROMPT_BYTES)
         check_prompt_size(raw, "the prompt on stdin")
         return raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError:

@@ -38,7 +38,7 @@ def generate(
     device: str = flags.DEVICE,
     raw: bool = flags.RAW,
     system: Optional[str] = typer.Option(None, "--system", help="system message for chat models"),
-    batch_file: Optional[str] = typer.Option(None, "--batch-file", help="one prompt per line ('-' = stdin)"),
+    batch_file: Optional[str] = typer.Option(None, "--batch-file", help=flags.BATCH_FILE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object per prompt (text + statistics)"),
     budget: str = flags.BUDGET,
     kernels: str = flags.KERNELS,
@@ -57,13 +57,13 @@ def generate(
 
         prompts = read_prompts(prompt, batch_file)
         settings = RunSettings(max_new_tokens, SamplingConfig(temperature, top_p, top_k), seed, window, budget, threads)
-        options, stores = method_options(opt, save_adapted, memory), list(datastore or [])
+        options, stores = method_options(opt, save_adapted, memory, method), list(datastore or [])
         vllm = vllm_settings(engine, tensor_parallel_size, pipeline_parallel_size, distributed_executor_backend,
                              vllm_arg, options, stores)
         if vllm:
             check_vllm_method(method, options, stores)
             refuse_for_vllm(draft, kernels, compile, budget, device, save_adapted)
-            check_prompts(prompts, batch_size)
+            batch_size = check_prompts(prompts, batch_size)
             open_stores("auto", stores, model)
             return generate_on_vllm(model, method, prompts, settings, vllm, dtype=dtype, batch_size=batch_size,
                                     raw=raw, system=system, as_json=as_json)
@@ -80,7 +80,7 @@ def on_specdec(model: str, method: str, prompts: list[str], settings, options: d
     (dtype, device, kernels), (raw, system, as_json) = placement, output
     check_methods([method])
     check_compile(compile)
-    check_prompts(prompts, batch_size)
+    batch_size = check_prompts(prompts, batch_size)
     check_options([method], options)
     opened = open_stores(method, stores, model)
     from .. import api
@@ -102,11 +102,15 @@ def on_specdec(model: str, method: str, prompts: list[str], settings, options: d
     drafter.finish()
 
 
-def check_prompts(prompts: list[str], batch_size: int) -> None:
-    if batch_size < 1:
-        raise SpecdecError(f"--batch-size must be at least 1, got {batch_size}")
+def check_prompts(prompts: list[str], batch_size: int) -> int:
+    """The prompts are not empty; returns the batch size to use: ``--batch-size`` (checked against its bound), at
+    most one slot per prompt."""
+    from ..config import check_batch_size
+
+    check_batch_size(batch_size)
     if any(not p.strip() for p in prompts):
         raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
+    return min(batch_size, len(prompts))
 
 
 def open_stores(method: str, stores: list[str], model: str) -> dict:
@@ -123,7 +127,8 @@ def open_stores(method: str, stores: list[str], model: str) -> dict:
     return opened
 
 
-def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory: Optional[str]) -> dict[str, str]:
+def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory: Optional[str],
+                   method: str) -> dict[str, str]:
     """``--opt`` values, with ``--save-adapted`` (aded) and ``--memory`` (auto) as the options they are: the
     other methods refuse them."""
     options = parse_opts(opt)
@@ -132,6 +137,9 @@ def method_options(opt: Optional[List[str]], save_adapted: Optional[str], memory
     if memory:
         from ..drafting.output_memory import check_folder
 
+        if method != "auto":
+            raise SpecdecError(f"--memory is an option of auto only (its memory of earlier outputs); drop it, or "
+                               f"use --method auto instead of {method}")
         check_folder(memory)
         options["memory_dir"] = memory
     return options

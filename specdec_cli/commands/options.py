@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from ..config import HF_BASELINES
+from ..config import HF_BASELINES, MAX_BATCH_FILE_BYTES, MAX_BATCH_SIZE, MAX_MEMORY_TOKENS
 from ..io.aliases import ALIASES
 from ..io.prompts import PROMPT_SETS
 from ..methods import METHODS
@@ -27,14 +27,16 @@ DRAFTS = typer.Option(None, "--draft", "-d", help="draft model, any tokenizer (r
                       "first, then the stronger one); int8: and bf16: are cheaper copies of the target")
 WINDOW = typer.Option(None, "--window", "-k", help=WINDOW_HELP)
 OPT = typer.Option(None, "--opt", help="method option key=value (repeatable; `specdec methods` lists them)")
-MEMORY = typer.Option(None, "--memory", help="auto: keep its memory of outputs in this folder across runs "
-                      "(default: this run only, so runs are reproducible)")
+MEMORY = typer.Option(None, "--memory", help="auto only: keep its memory of outputs in this folder across runs "
+                      "(default: this run only, so runs are reproducible); runs may share a folder (saves are "
+                      f"locked and merged); at most --opt memory_tokens tokens (up to {MAX_MEMORY_TOKENS:,})")
 MAX_NEW_TOKENS = typer.Option(128, "--max-new-tokens", "-n", help="tokens to generate (per prompt and turn)")
 TEMPERATURE = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (output identical to ar's)")
 SEED = typer.Option(0, "--seed", help="seed of the sampling (temperature > 0)")
 DTYPE = typer.Option("auto", "--dtype", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
 DEVICE = typer.Option("auto", "--device", help="auto (device_map=auto over GPUs, else CPU), cpu, cuda, cuda:N")
-THREADS = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)")
+THREADS = typer.Option(None, "--threads", help="torch CPU threads, from 1 to the CPUs this process may use "
+                       "(default: torch's choice)")
 BUDGET = typer.Option("auto", "--budget", help=BUDGET_HELP)
 KERNELS = typer.Option("auto", "--kernels", help="CPU linear kernels of the target and of drafts that are models of "
                        "their own: auto (measured per row count, cached) or torch (PyTorch's own)")
@@ -42,7 +44,13 @@ COMPILE = typer.Option("auto", "--compile", help="static KV cache and compiled f
                        "(on for CUDA, off on the CPU, where it measured slower), on, off, or static (the static cache "
                        "without compiling)")
 BATCH_SIZE = typer.Option(1, "--batch-size", help="decode up to B prompts of --batch-file together (one target "
-                          "forward per step, docs/batching.md); answers still come in input order")
+                          f"forward per step, docs/batching.md; B from 1 to {MAX_BATCH_SIZE}, at most one per prompt); "
+                          "answers still come in input order")
+BATCH_FILE_HELP = (f"one prompt per line ('-' = stdin; lines end at a newline only; at most "
+                   f"{MAX_BATCH_FILE_BYTES >> 20} MB)")
+BATCH_SIZES_HELP = (f"throughput mode: batch sizes (e.g. 1,4,8,16; each from 1 to {MAX_BATCH_SIZE}, and at most the "
+                    "number of prompts); first turns, sequential ar and transformers' batched generate as baselines "
+                    "(docs/bench.md)")
 RAW = typer.Option(False, "--raw", help="do not apply the chat template")
 ENGINE = typer.Option("specdec", "--engine", help="where the target runs: specdec (its own engine, every method) or "
                       "vllm (vLLM: methods vllm, vllm-ngram, vllm-suffix, auto = specdec's proposer; docs/vllm.md)")

@@ -76,14 +76,13 @@ class OpenStore:
 
 def store_kind(folder) -> str:
     """The kind of the datastore in ``folder``, from its manifest (one clear error when it is none)."""
-    import json
-
     from ..errors import SpecdecError
+    from ..io.jsonl import read_json
     from .format import FORMAT, MANIFEST
 
     path = Path(folder) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest = read_json(path)
     except (OSError, ValueError, UnicodeDecodeError):
         manifest = None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("kind") not in KINDS:
@@ -95,14 +94,13 @@ def store_kind(folder) -> str:
 def check_stores_tokenizer(folders, model: str) -> None:
     """Each store was built with ``model``'s tokenizer: checked with the tokenizer and the manifest alone, before
     weights load."""
-    import json
-
+    from ..io.jsonl import read_json
     from ..io.models import load_tokenizer, tokenizer_fingerprint
     from .format import MANIFEST, check_tokenizer
 
     fingerprint = tokenizer_fingerprint(load_tokenizer(model))
     for folder in folders:
-        manifest = json.loads((Path(folder) / MANIFEST).read_text())  # read and checked by the pre-check
+        manifest = read_json(Path(folder) / MANIFEST)  # read and checked by the pre-check
         check_tokenizer(Path(folder), manifest, fingerprint)
 
 

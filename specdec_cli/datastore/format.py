@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io.atomic import replace_dir, write_text
+from ..io.jsonl import read_json
 from ..errors import SpecdecError
 
 FORMAT = "specdec-datastore"
@@ -93,7 +94,7 @@ def check_out_dir(out: Path) -> None:
     if not out.is_dir() or not any(out.iterdir()):
         return
     try:
-        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_json(out / MANIFEST)
     except (OSError, ValueError, UnicodeDecodeError):
         manifest = None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -153,7 +154,7 @@ def read_manifest(folder: Path, kind: str = KIND) -> dict:
         raise SpecdecError(f"datastore {folder}: no {MANIFEST} (not a datastore, or the build did not finish; "
                            f"build one with `specdec build-datastore --kind {kind}`)")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = read_json(path)
     except (OSError, ValueError, UnicodeDecodeError) as err:
         raise SpecdecError(f"datastore {folder}: corrupt {MANIFEST} ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

@@ -12,38 +12,29 @@ memory, even a hostile file, can cost speed but never change the output.
 
 from __future__ import annotations
 
-import json
-import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 
-from ..io.atomic import write_text
 from ..errors import SpecdecError
+from . import memory_folder
+from .memory_folder import check_folder, check_size  # noqa: F401 - check_folder: the commands' pre-check
 from .ngram_index import SEPARATOR, NgramIndex
 
 SIZES = (2, 4, 8, 12)  # n-gram lengths indexed (fewer than the context's: a memory holds far more tokens)
 MAX_TOKENS = 262_144  # default bound; about 4 index entries and 200 bytes per token
 PROMPT_TAIL = 32  # prompt tokens remembered before each output (what the output continues)
-FORMAT = "specdec-memory"
-VERSION = 1
-
-
-def check_folder(folder) -> None:
-    """Before any model loads: ``--memory`` must be a folder, or not exist yet (it is created at the end)."""
-    path = Path(folder)
-    if path.exists() and not path.is_dir():
-        raise SpecdecError(f"--memory {folder}: not a directory")
 
 
 class OutputMemory:
     def __init__(self, max_tokens: int = MAX_TOKENS, sizes=SIZES):
-        if max_tokens < 1:
-            raise SpecdecError(f"memory size must be >= 1 token, got {max_tokens}")
-        self.max_tokens, self.sizes = int(max_tokens), sizes
+        self.max_tokens, self.sizes = check_size(max_tokens), sizes
         self.sequences: list[list[int]] = []
         self.index = NgramIndex(sizes, max_positions=32)
         self.added = self.forgotten = 0
+        self.base: str | None = None  # the token file of --memory this memory was read from (None: none)
+        self.vocab_size: int | None = None  # the model's, when read from a folder
 
     @property
     def num_tokens(self) -> int:
@@ -70,8 +61,7 @@ class OutputMemory:
 
     def _reindex(self) -> None:
         self.index.clear()
-        for seq in self.sequences:
-            self.index.extend(seq + [SEPARATOR])
+        self.index.extend([t for seq in self.sequences for t in (*seq, SEPARATOR)])  # one pass: as one by one
 
     def continuations(self, context: list[int], length: int, max_rows: int = 32) -> tuple[int, np.ndarray]:
         """``(matched n-gram length, rows of up to length tokens, -1 padded)`` after the longest remembered tail."""
@@ -97,63 +87,31 @@ class OutputMemory:
     # -- kept across processes ----------------------------------------------------------------------------------
 
     def save(self, folder, fingerprint: str) -> None:
-        """Write the memory to ``folder`` (created if needed): the token file first, then the manifest that names
-        it, each in one rename, so a reader sees the old memory or the new one, never a mix."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        flat = np.array([t for seq in self.sequences for t in seq + [SEPARATOR]], dtype=np.int32)
-        name = f"tokens-{os.getpid()}-{self.added}.npy"
-        tmp = folder / f".{name}.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, flat)
-        os.replace(tmp, folder / name)
-        old = _manifest_file(folder)
-        write_text(folder / "memory.json", json.dumps({
-            "format": FORMAT, "version": VERSION, "tokenizer_fingerprint": fingerprint, "file": name,
-            "tokens": int(flat.size), "sequences": len(self.sequences), "max_tokens": self.max_tokens}, indent=1))
-        if old and old != name:
-            (folder / old).unlink(missing_ok=True)
+        """Write the memory to ``folder`` (:func:`memory_folder.save`: under the folder's lock, merged with what
+        another run saved there since this memory was read); a failure is one SpecdecError line."""
+        fresh = min(self.added, len(self.sequences))  # this run's outputs: the newest sequences
+        self.sequences, self.base = memory_folder.save(folder, fingerprint, self.vocab_size, self.sequences, fresh,
+                                                       self.base, self.max_tokens)
+        self.added = 0  # saved: a later save adds only what comes after
+        self._reindex()
 
     @classmethod
     def load(cls, folder, fingerprint: str, vocab_size: int, max_tokens: int = MAX_TOKENS) -> "OutputMemory":
         """The memory kept in ``folder``; an empty one when the folder has none yet. A file of another tokenizer,
-        or one that is not a memory, is one clear error."""
+        one that is not a memory, or a link is one clear error; at most ``max_tokens`` (the newest) are read."""
         memory = cls(max_tokens)
         folder = Path(folder)
-        check_folder(folder)
-        manifest_path = folder / "memory.json"
-        if not manifest_path.is_file():
-            return memory
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError, UnicodeDecodeError):
-            raise SpecdecError(f"--memory {folder}: corrupt memory.json") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-            raise SpecdecError(f"--memory {folder}: memory.json is not a specdec memory (version {VERSION})")
-        if manifest.get("tokenizer_fingerprint") != fingerprint:
-            raise SpecdecError(f"--memory {folder} was written with another tokenizer; use another folder for "
-                               "this model")
-        name = manifest.get("file")
-        path = folder / str(name)
-        if not isinstance(name, str) or "/" in name or name.startswith(".") or not path.is_file():
-            raise SpecdecError(f"--memory {folder}: memory.json names no token file of the folder")
-        try:
-            flat = np.load(path, allow_pickle=False, mmap_mode=None)
-        except (OSError, ValueError, EOFError):
-            raise SpecdecError(f"--memory {folder}: corrupt token file {name}") from None
-        if flat.ndim != 1 or flat.dtype.kind not in "iu" or (flat.size and (flat.min() < SEPARATOR or
-                                                                              flat.max() >= vocab_size)):
-            raise SpecdecError(f"--memory {folder}: {name} holds no valid token ids for this model")
-        seq: list[int] = []
-        for t in flat.tolist():
-            if t == SEPARATOR:
-                memory.add(seq)
-                seq = []
-            else:
-                seq.append(t)
-        memory.add(seq)
-        memory.added = 0
+        check_folder_exists(folder)
+        with memory_folder.locked(folder, exclusive=False) if folder.is_dir() else nullcontext():
+            memory.sequences, memory.base = memory_folder.read(folder, fingerprint, vocab_size, memory.max_tokens)
+        memory.vocab_size = vocab_size
+        memory._reindex()
         return memory
+
+
+def check_folder_exists(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise SpecdecError(f"--memory {folder}: not a directory")
 
 
 def token_list(value) -> list[int]:
@@ -162,10 +120,3 @@ def token_list(value) -> list[int]:
                                               for t in value):
         raise ValueError("not a list of token ids")
     return list(value)
-
-
-def _manifest_file(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / "memory.json").read_text()).get("file")
-    except (OSError, ValueError, AttributeError):
-        return None

@@ -202,15 +202,27 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
     is called as each sequence finishes (in finishing order); ``on_step(rows, seconds)`` after each forward.
     ``times(rows, width)``: the measured batched forward times (:mod:`specdec_cli.runtime.batch_profile`) that
     price draft tokens; None: the first drafter's one-sequence profile at ``rows * width`` tokens. The returned
-    results are in input order."""
-    results: list[GenerationResult | None] = [None] * len(prompts)
+    results are in input order. While batched, each drafter's budget prices its row's share of the batch's forward;
+    afterwards its own profile is back (a warm-up's shares never price the timed run, nor wrap each other)."""
     if not prompts:
         return []
+    own = [d.budget.profile for d in drafters]
+    try:
+        return _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids, on_result, on_step,
+                       times or flat_times(own[0]))
+    finally:
+        for drafter, profile in zip(drafters, own):
+            drafter.budget.profile = profile
+
+
+def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids, on_result, on_step,
+            times) -> list[GenerationResult]:
+    results: list[GenerationResult | None] = [None] * len(prompts)
     width_limit = 1 + max(64, max((d.budget.mode for d in drafters if isinstance(d.budget.mode, int)), default=0))
     capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + 8
     rows = min(len(drafters), len(prompts))
     cache = BatchCache(target, rows, capacity)
-    times = LearnedTimes(times or flat_times(drafters[0].budget.profile), learn=sampling.greedy)
+    times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab = vocab_size(target)
     waiting = list(range(len(prompts)))[::-1]

@@ -111,7 +111,10 @@ class Calibrator:
 
 def grid(value) -> np.ndarray:
     """A calibration table (DEPTH_BINS x SCORE_BINS finite non-negative numbers) from JSON data."""
-    arr = np.asarray(value, dtype=np.float64)
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (OverflowError, TypeError):  # 10**400 is an int beyond any float; a dict is no number
+        raise ValueError("not a calibration table") from None
     if arr.shape != (DEPTH_BINS, SCORE_BINS) or not np.isfinite(arr).all() or (arr < 0).any():
         raise ValueError("not a calibration table")
     return arr

@@ -3,7 +3,8 @@
 * ``--model`` is an alias (see :data:`ALIASES`), a hub id (``org/name``) or a local path (a transformers
   directory, a ``.gguf`` file, or a directory holding one ``.gguf``).
 * GGUF files are de-quantized once by transformers and the result is cached as safetensors under
-  ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``), so the second load is fast.
+  ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``), so the second load is fast (:mod:`specdec_cli.io.gguf`: one
+  conversion at a time; a cached conversion that does not load is converted again).
 * Drafts take the same forms, plus ``int8:`` (dynamic int8 quantization of the target's linear layers, CPU)
   and ``bf16:`` (a bfloat16 copy of the target) -- same-vocabulary drafts needing no second checkpoint;
   ``int8:SPEC``/``bf16:SPEC`` apply the same to another model.
@@ -16,8 +17,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import shutil
-import time
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .aliases import ALIASES, Alias, cache_root, package_folder  # noqa: F401 - ALIASES, Alias re-exported
-from .atomic import new_build_dir, replace_dir
+from . import gguf as gguf_file
 from ..errors import SpecdecError
 from .network import HINT, hub_offline
 
@@ -45,7 +44,14 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        """Rows of the output head: its logits' width. A dynamically quantized head (``int8:``) keeps its weight
+        behind a method, ``weight()``; its ``out_features`` is the same number."""
+        head = self.model.get_output_embeddings()
+        rows = getattr(head, "out_features", None)
+        if isinstance(rows, int):
+            return rows
+        weight = head.weight() if callable(head.weight) else head.weight
+        return int(weight.shape[0])
 
     @property
     def context_length(self) -> int:
@@ -113,69 +119,23 @@ def _pypi_gguf_path(alias: Alias) -> Path:
         raise SpecdecError(f"could not assemble the GGUF from {pkg!r}: {err}") from None
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
-    return cache_root() / "converted" / f"{gguf.stem}-{key}"
-
-
-def convert_gguf(gguf: Path, progress: bool = True) -> Path:
-    """De-quantize a GGUF file to a transformers directory (cached); returns the directory."""
-    out = _gguf_cache_dir(gguf)
-    if (out / "specdec-converted.json").exists():
-        return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    kw = dict(gguf_file=gguf.name)
-    if progress:
-        _say(f"first use of {gguf.name}: de-quantizing it into a transformers checkpoint under {out.parent} (once)")
-    t0 = time.perf_counter()
-    try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kw)
-    except Exception as err:  # noqa: BLE001
-        raise SpecdecError(f"could not read GGUF file {gguf}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-    tmp = new_build_dir(out)
-    if progress:
-        size = sum(p.numel() * p.element_size() for p in model.parameters())
-        _say(f"writing the de-quantized model ({size / 1e9:.2f} GB) to the cache...")
-    try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / "specdec-converted.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if progress:
-        _say(f"converted in {time.perf_counter() - t0:.0f} s; later runs load it from the cache")
-    return out
-
-
-def _say(message: str) -> None:
-    import sys
-
-    sys.stderr.write(f"specdec: {message}\n")
-    sys.stderr.flush()
-
-
 def find_source(spec: str) -> tuple[str, Alias | None]:
     """Map ``--model`` to something ``from_pretrained`` can read: a directory or a hub id."""
     alias = ALIASES.get(spec.lower())
     if alias and alias.pypi_gguf:
-        return str(convert_gguf(_pypi_gguf_path(alias))), alias
+        return str(gguf_file.convert(_pypi_gguf_path(alias))), alias
     if alias:
         return alias.hub_id, alias
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_file() and path.suffix == ".gguf":
-            return str(convert_gguf(path)), None
+            return str(gguf_file.convert(path)), None
         if path.is_dir():
             if (path / "config.json").exists():
                 return str(path), None
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
-                return str(convert_gguf(ggufs[0])), None
+                return str(gguf_file.convert(ggufs[0])), None
         raise SpecdecError(f"{spec}: not a transformers model directory (no config.json) or a single .gguf file")
     if spec.count("/") == 1 and not spec.startswith((".", "/")):
         return spec, None
@@ -183,19 +143,11 @@ def find_source(spec: str) -> tuple[str, Alias | None]:
 
 
 def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     source, alias = find_source(spec)
     torch_dtype = resolve_dtype(dtype, device)
     dmap = device_map(device)
-    offline = not Path(source).exists() and hub_offline()
-    try:
-        tok = AutoTokenizer.from_pretrained(source)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, device_map=dmap)
-    except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
-        raise load_error(f"model {spec!r}", source, err, offline) from None
+    tok, model, source = _load_converted_again(f"model {spec!r}", source, lambda src: _pretrained(src, torch_dtype,
+                                                                                                dmap))
     model.eval()
     chat = alias.chat if alias and alias.chat is not None else bool(getattr(tok, "chat_template", None))
     return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": str(torch_dtype).replace("torch.", "")})
@@ -240,16 +192,45 @@ def load_text(spec: str) -> LoadedText:
     return LoadedText(tok, spec, chat, context, frozenset(int(i) for i in stop), {"source": source})
 
 
+def _pretrained(source: str, torch_dtype, dmap):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, device_map=dmap)
+    return tok, model
+
+
 def load_tokenizer(spec: str):
     """Only the tokenizer of ``--model`` (no weights): enough to build a datastore for that model."""
     from transformers import AutoTokenizer
 
     source, _ = find_source(spec)
+    tok, _, _ = _load_converted_again(f"the tokenizer of {spec!r}", source,
+                                      lambda src: (AutoTokenizer.from_pretrained(src), None))
+    return tok
+
+
+def _load_converted_again(what: str, source: str, load):
+    """``load(source)`` -> ``(tokenizer, model, source)``; a GGUF conversion in the cache that does not load is
+    converted again once (:func:`specdec_cli.io.gguf.rebuild`), and a second failure names its folder."""
     offline = not Path(source).exists() and hub_offline()
+    seen = gguf_file.marker_id(Path(source))
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return (*load(source), source)
     except Exception as err:  # noqa: BLE001 - hub/network/format problems become one line
-        raise load_error(f"the tokenizer of {spec!r}", source, err, offline) from None
+        gguf = gguf_file.source_gguf(source)
+        if gguf is None:
+            raise load_error(what, source, err, offline) from None
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    gguf_file.rebuild(gguf, Path(source), seen, why)
+    try:
+        return (*load(source), source)
+    except Exception as err:  # noqa: BLE001
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SpecdecError(f"could not load {what} from its converted copy {source}: {first}; delete that folder to "
+                           "convert the GGUF file again") from None
 
 
 def load_error(what: str, source: str, err: Exception, offline: bool) -> SpecdecError:

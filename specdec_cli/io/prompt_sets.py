@@ -29,7 +29,7 @@ from pathlib import Path
 
 
 from ..errors import SpecdecError
-from .jsonl import iter_jsonl
+from .jsonl import MAX_JSONL_BYTES, iter_jsonl
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
@@ -57,7 +57,7 @@ def package_dir(module: str, pip_name: str) -> Path:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a (optionally gzipped) JSON-lines file; a clear error when it is missing or malformed."""
-    return list(iter_jsonl(path, "prompt file"))
+    return list(iter_jsonl(path, "prompt file", limit=MAX_JSONL_BYTES))
 
 
 # --- MT-Bench ---------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..datastore import SUFFIX_ARRAY, TRIGRAM
+from ..config import MAX_MEMORY_TOKENS
 from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # the registry is read without torch (`specdec methods`, option checks before loading)
@@ -85,8 +86,8 @@ METHODS: dict[str, MethodInfo] = {
                                                  "of earlier runs)"),
                                 "memory_dir": Option("", "keep the memory in this folder across runs (--memory)",
                                                      str),
-                                "memory_tokens": Option(262_144, "memory size bound; the oldest outputs are "
-                                                        "forgotten first"),
+                                "memory_tokens": Option(262_144, f"memory size bound (1 to {MAX_MEMORY_TOKENS:,} "
+                                                        "tokens); the oldest outputs are forgotten first"),
                                 "max_ngram": Option(8, "longest context n-gram matched"),
                                 "cont_len": Option(16, "deepest draft node"),
                                 "top_c": Option(32, "nodes kept from each source's frequency trie"),

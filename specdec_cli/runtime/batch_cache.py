@@ -19,6 +19,8 @@ models that are copies of the target).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -173,13 +175,13 @@ class BatchCache(Cache):
         self.write_index = (torch.arange(self.rows)[:, None].to(dev), (starts[:, None] + torch.arange(width)).to(dev))
         self.write_end = self.max_length + width
         masks = self.masks(model, starts, anc, q_pos, self.write_end)
-        with kernels.active():
+        with kernels.active(), real_rows_only(model, real.to(dev)):
             out = model(input_ids=ids.to(dev), past_key_values=self, use_cache=True, position_ids=q_pos.to(dev),
-                        attention_mask=masks, logits_to_keep=real.to(dev))
+                        attention_mask=masks, logits_to_keep=0)
         for b, (tokens, _) in enumerate(drafts):
             self.lengths[b] += width  # every row wrote ``width`` entries; keep_paths cuts them back
         self.pending = starts.tolist()
-        return list(out.logits.float().split(real.sum(1).tolist()))
+        return list(out.logits[0].float().split(real.sum(1).tolist()))
 
     def masks(self, model, starts, anc, q_pos, end: int):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -258,3 +260,21 @@ class _RowLayer:
     def values(self):
         v = self.layer._v
         return None if v is None else v[self.view.row: self.view.row + 1, :, : self.view.length]
+
+
+@contextmanager
+def real_rows_only(model, real: torch.Tensor):
+    """Inside: the decoder's hidden states are cut to the query positions that hold tokens (``real``, rows x width,
+    in row order) before the model's head, so logits are computed for those alone -- ``[1, N, V]`` with
+    ``logits_to_keep=0``, every step of the head (a final soft-cap) as the model's own forward does it.
+    (transformers indexes ``hidden[:, logits_to_keep, :]``: a per-row mask cannot be given there.)"""
+
+    def cut(module, args, output):
+        output.last_hidden_state = output.last_hidden_state[real].unsqueeze(0)
+        return output
+
+    handle = model.get_decoder().register_forward_hook(cut)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -23,6 +23,7 @@ from . import forward
 from .batch_cache import BatchCache
 from .profile import CONTEXT, _path, model_key
 from ..io.atomic import write_cache
+from ..io.jsonl import read_json
 
 WIDTHS = (1, 2, 3, 4, 6, 8)
 VERSION = 2
@@ -94,11 +95,11 @@ def batch_times_for(model, max_rows: int, progress=None) -> BatchTimes:
     for rows in counts:
         key = model_key(model, f"|batch={rows}|v{VERSION}")
         try:
-            data = json.loads(_path(key).read_text())
+            data = read_json(_path(key))
             if data.get("key") == key and len(data["seconds"]) == len(WIDTHS):
                 tables[rows] = [float(s) for s in data["seconds"]]
                 continue
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
         if progress:
             progress(f"measuring batched forward times for {rows} rows (once per model and thread count)")

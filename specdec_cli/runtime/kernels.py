@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io.atomic import write_cache
+from ..io.jsonl import read_json
 from .dot import dot_rows  # looked up at each call (scripts/profile_step.py wraps it for the profiler)
 from .jit import COMPILED
 from .machine import available_bytes, cpu_name
@@ -221,9 +222,10 @@ def _plan_file() -> Path:
 
 def load_plans() -> dict:
     try:
-        return json.loads(_plan_file().read_text())
+        plans = read_json(_plan_file())
     except (OSError, ValueError):
         return {}
+    return plans if isinstance(plans, dict) else {}
 
 
 def save_plans(plans: dict) -> None:

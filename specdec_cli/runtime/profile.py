@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..io.atomic import write_cache
+from ..io.jsonl import read_json
 from .cache_mode import CacheMode
 
 POINTS = (1, 2, 3, 4, 6, 8, 16, 32)
@@ -92,13 +93,19 @@ def _path(key: str) -> Path:
 
 
 def load(key: str) -> Profile | None:
+    """The cached profile of ``key``; None (measured again) when there is none or the file is not one we wrote."""
     try:
-        data = json.loads(_path(key).read_text())
-    except (OSError, ValueError):
+        data = read_json(_path(key))
+        if data.get("version") != PROFILE_VERSION or data.get("key") != key:
+            return None
+        points, seconds = np.asarray(data["points"], np.float64), np.asarray(data["seconds"], np.float64)
+        if points.ndim != 1 or points.shape != seconds.shape or len(points) < 2 or (np.diff(points) <= 0).any() \
+                or not (np.isfinite(seconds).all() and (seconds > 0).all()):
+            return None
+        return Profile(data["points"], data["seconds"], key, float(data.get("measured_s", 0.0)),
+                       dict(data.get("info", {})))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
         return None
-    if data.get("version") != PROFILE_VERSION or data.get("key") != key:
-        return None
-    return Profile(data["points"], data["seconds"], key, data.get("measured_s", 0.0), data.get("info", {}))
 
 
 def save(profile: Profile) -> None:

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ...io.atomic import write_cache
+from ...io.jsonl import read_json
 from ...runtime.machine import peak_rss_bytes
 
 TASK_CHARS = 1 << 18  # text per task: large enough to amortize the hand-over, small enough to keep order cheap
@@ -43,7 +44,7 @@ def tokenizer_info(model: str) -> dict:
     path = _info_cache_path(model)
     if path is not None and path.exists():
         try:
-            return json.loads(path.read_text())
+            return read_json(path)
         except (OSError, ValueError):
             pass  # unreadable: computed again and rewritten
     with ProcessPoolExecutor(1, mp_context=_context(), initializer=_init_child, initargs=(os.getpid(),)) as pool:
