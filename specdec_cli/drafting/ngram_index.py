@@ -26,6 +26,7 @@ import numpy as np
 SEPARATOR = -1
 RESYNC_BACK = 8  # tokens before the place the copy was left where it may resume (the target rewrote a word)
 RESYNC_AHEAD = 48  # ... and after it (the target dropped a line or two of the copied text)
+RESYNC_SINGLE = 2  # a one-token tail is trusted this close after that place (a token inserted, changed or dropped)
 
 
 class NgramIndex:
@@ -165,8 +166,9 @@ class CopyCursor:
         self.pos, self.run, self.anchor = -1, 0, best + best_k
 
     def resync(self, context: list[int], longest: int) -> tuple[int, int]:
-        """``(start, matched)``: the position near the anchor after which the longest tail of ``context`` (at least
-        two tokens, or one right at the anchor) occurs -- the nearest such one; ``(-1, 0)`` when none does."""
+        """``(start, matched)``: the position near the anchor after which the longest tail of ``context`` occurs
+        -- the nearest such one; a tail of one token only just after the anchor (the target inserted, changed or
+        dropped a token and went on copying); ``(-1, 0)`` when there is none."""
         buf = self.index.tokens
         lo, hi = max(self.anchor - RESYNC_BACK, 1), min(self.anchor + RESYNC_AHEAD, len(buf) - 1)
         best, best_m, last = -1, 0, context[-1]
@@ -176,7 +178,8 @@ class CopyCursor:
             m = self.index.tail_match(context, q, longest)
             if m > best_m or (m == best_m and abs(q - self.anchor) < abs(best - self.anchor)):
                 best, best_m = q, m
-        return (best, best_m) if best_m >= 2 or (best_m == 1 and best == self.anchor) else (-1, 0)
+        near = 0 <= best - self.anchor <= RESYNC_SINGLE
+        return (best, best_m) if best_m >= 2 or (best_m == 1 and near) else (-1, 0)
 
     def candidates(self, context: list[int], max_rows: int, longest: int) -> tuple[list[int], list[int], int, int]:
         """``(starts, matched, n, run)``, best first: the cursor's start (when copying, or found again near where
@@ -195,3 +198,40 @@ class CopyCursor:
         self.matched = [run if i == 0 and start >= 0 else n for i in range(len(starts))]
         self.starts = starts
         return starts, self.matched, n, run
+
+
+def evidence_score(matched: int) -> float:
+    """How much a continuation after ``matched`` agreeing tokens is trusted before anything is verified (prompt
+    lookup's rule of thumb, 0.4 for one token up to 0.9 from five on); callers calibrate it against what the
+    target accepted."""
+    return min(0.25 + 0.15 * matched, 0.9)
+
+
+def best_chain(index: NgramIndex, cursor: CopyCursor, context: list[int], length: int, max_rows: int = 16,
+               longest: int = 8) -> tuple[list[int], list[float]]:
+    """The one chain to draft from ``index`` after ``context`` (up to ``length`` tokens) and a score per token
+    (an estimate that it is accepted given the previous one is): the cursor's continuation when the sequence is
+    copying (scored by how long the copy has held), else the most frequent path through the continuations of the
+    most recent occurrences of the longest tail n-gram (scored by agreement among them times the n-gram's trust).
+    For drafters that verify a chain per sequence (a vLLM proposer); ``index`` must already hold ``context``
+    when it is the sequence's own buffer (:meth:`NgramIndex.follow`). Cost: O(max_rows x length)."""
+    starts, _, n, run = cursor.candidates(context, max_rows, longest)
+    if not starts:
+        return [], []
+    if run > 0:
+        chain = index.continuation(starts[0], length)
+        return chain, [evidence_score(run)] * len(chain)
+    rows = [index.continuation(p, length) for p in starts]
+    chain, scores, trust = [], [], evidence_score(n)
+    while len(chain) < length:
+        counts: dict[int, int] = {}
+        for row in rows:
+            if len(row) > len(chain):
+                counts[row[len(chain)]] = counts.get(row[len(chain)], 0) + 1
+        if not counts:
+            break
+        token = max(counts, key=lambda t: counts[t])  # ties: the most recent occurrence's token (dicts keep order)
+        scores.append(trust * counts[token] / len(rows))
+        chain.append(token)
+        rows = [row for row in rows if len(row) >= len(chain) and row[len(chain) - 1] == token]
+    return chain, scores

@@ -17,7 +17,7 @@ import numpy as np
 
 from .count_trie import count_trie, top_by_count
 from ..engine.trees import Draft
-from .ngram_index import CopyCursor, NgramIndex
+from .ngram_index import CopyCursor, NgramIndex, evidence_score
 from .output_memory import OutputMemory
 
 
@@ -29,7 +29,7 @@ def bucket_of(n: int) -> int:
 def prior(n: int) -> float:
     """How much a continuation after an ``n``-token match is trusted before any is verified (prompt lookup's
     rule): the calibration of each (source, bucket) learns the real rate from there."""
-    return min(0.25 + 0.15 * n, 0.9)
+    return evidence_score(n)
 
 
 def cursor_bucket(run: int) -> int:
