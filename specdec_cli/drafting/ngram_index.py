@@ -75,25 +75,30 @@ class NgramIndex:
         if len(tokens) > len(self.tokens):
             self.extend(tokens[len(self.tokens):])
 
+    def occurrences(self, context: list[int], n: int, max_rows: int) -> list[int]:
+        """Where the continuations of the (up to ``max_rows``) most recent occurrences of the tail ``n``-gram start."""
+        buf, end = self.tokens, len(self.tokens)
+        if n not in self.last or n > len(context):
+            return []
+        tail = context[len(context) - n:]
+        p = self.last[n].get(hash(tuple(tail)), -1)
+        starts: list[int] = []
+        walked = 0
+        while p >= 0 and len(starts) < max_rows and walked < self.max_positions:
+            walked += 1
+            if p < end and buf[p] != SEPARATOR and buf[p - n: p] == tail:
+                starts.append(p)
+            p = self.prev[n][p]
+        return starts
+
     def find(self, context: list[int], max_rows: int, min_n: int = 1) -> tuple[int, list[int]]:
         """``(n, starts)``: the longest tail n-gram of ``context`` that occurred with at least one following token,
         and where the continuations of its (up to ``max_rows``) most recent occurrences start; ``(0, [])``: none."""
-        buf = self.tokens
-        end = len(buf)
         for n in reversed(self.sizes):
-            if n > len(context) or n < min_n:
-                continue
-            tail = context[len(context) - n:]
-            p = self.last[n].get(hash(tuple(tail)), -1)
-            starts: list[int] = []
-            walked = 0
-            while p >= 0 and len(starts) < max_rows and walked < self.max_positions:
-                walked += 1
-                if p < end and buf[p] != SEPARATOR and buf[p - n: p] == tail:
-                    starts.append(p)
-                p = self.prev[n][p]
-            if starts:
-                return n, starts
+            if min_n <= n <= len(context):
+                starts = self.occurrences(context, n, max_rows)
+                if starts:
+                    return n, starts
         return 0, []
 
     def continuation(self, start: int, length: int) -> list[int]:

@@ -43,6 +43,9 @@ def rows_to_draft(rows: np.ndarray, top_c: int, trust: float = 1.0) -> Draft:
     ``trust``."""
     if not rows.size:
         return Draft()
+    if rows.shape[0] == 1:  # one continuation (a long match: the common case): its trie is the chain itself
+        chain = rows[0][rows[0] >= 0][:top_c].tolist()
+        return Draft.chain(chain, scores=[trust] * len(chain))
     draft = top_by_count(count_trie(rows), top_c).to_draft()
     if trust != 1.0:
         draft.scores = [s * trust for s in draft.scores]
