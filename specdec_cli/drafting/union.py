@@ -78,6 +78,23 @@ class SourceCalibration:
             cal = self.cells[(source, bucket)] = Calibrator()
         return cal
 
+    def state(self) -> list:
+        return [[name, bucket, cal.state()] for (name, bucket), cal in self.cells.items()]
+
+    @staticmethod
+    def cells_of(state) -> dict[tuple[str, int], Calibrator]:
+        """The cells of :meth:`state`'s answer (ValueError for data that is not one)."""
+        from ..io.state import count
+
+        cells = {}
+        for name, bucket, cal_state in state:
+            if not isinstance(name, str):
+                raise ValueError("calibration source")
+            cal = Calibrator()
+            cal.load_state(cal_state)
+            cells[(name, count(bucket))] = cal
+        return cells
+
     def estimate(self, source: str, bucket: int, depths, scores) -> np.ndarray:
         return self.calibrator(source, bucket).estimate(depths, scores)
 
