@@ -13,7 +13,8 @@ differs):
 Two views: each drafter on its own trajectory (accepted tokens per step, drafted tokens), and all of them on the
 *same* steps -- the positions of pld's trajectory -- with the occurrence each chose.
 
-    PYTHONPATH=. python scripts/context_vs_pld.py /tmp/ar-smollm2-135m-wide.json [--category hints] [--steps ID]
+    PYTHONPATH=. python scripts/context_vs_pld.py docs/results/issue36-ar/ar-smollm2-135m-wide.json.gz \
+        [--category hints] [--steps ID]
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ MAX_N = 8  # auto's context index: longest n-gram
 ROWS = 16  # ... occurrences walked
 CONT = 16  # ... deepest node
 PLD_N, PLD_K = 3, 10  # pld's defaults (max_ngram, num_pred)
+
+
+def load_outputs(path: str) -> dict:
+    """A file of scripts/ar_outputs.py (gzipped too: docs/results/issue36-ar/)."""
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def agree(chain: list[int], truth: list[int], at: int) -> int:
@@ -183,7 +193,7 @@ def main() -> None:
     parser.add_argument("--steps", default=None, help="print every step of this prompt id")
     args = parser.parse_args()
     for path in args.outputs:
-        data = json.loads(Path(path).read_text())
+        data = load_outputs(path)
         total = {k: {"steps": 0, "drafted": 0, "accepted": 0} for k in DRAFTERS}
         same = {k: {"more": 0, "less": 0, "acc": 0, "other_place": 0} for k in DRAFTERS}
         for row in data["rows"]:

@@ -3,7 +3,8 @@ recorded `ar` outputs (scripts/ar_outputs.py) without the model (specdec_cli/ben
 a bench record reports -- target forwards, accepted length, `auto`'s verified / accepted per source -- plus a
 modelled speedup over `ar`: the machine's measured forward times t(n) of every step plus a fixed drafting cost.
 
-    PYTHONPATH=. python scripts/replay_bench.py /tmp/ar-smollm2-wide.json [--methods auto,pld,ngram-trie]
+    PYTHONPATH=. python scripts/replay_bench.py docs/results/issue36-ar/ar-smollm2-135m-wide.json.gz \
+        [--profile docs/results/issue36-ar/profile-quiet-smollm2-135m.json] [--methods auto,pld,ngram-trie]
         [--opt key=value ...] [--by-category] [--json]
 
 Like bench: one drafter per method for the whole set (what it learns carries over), a warm-up of 8 tokens on
@@ -25,6 +26,15 @@ from specdec_cli.bench.replay import make_drafter, replay  # noqa: E402
 from specdec_cli.runtime.profile import Profile  # noqa: E402
 
 WARMUP_TOKENS = 8  # bench's warm-up generation
+
+
+def load_outputs(path: str) -> dict:
+    """A file of scripts/ar_outputs.py (gzipped too: docs/results/issue36-ar/)."""
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def run_method(data: dict, method: str, options: dict, clock: str, times: dict | None = None) -> list[dict]:
@@ -77,7 +87,7 @@ def main() -> None:
     options = dict(o.split("=", 1) for o in args.opt)
     report = []
     for path in args.outputs:
-        data = json.loads(Path(path).read_text())
+        data = load_outputs(path)
         times = json.loads(Path(args.profile).read_text()) if args.profile else None
         results = {m: run_method(data, m, options, args.clock, times) for m in ["ar"] + args.methods.split(",")}
         groups = {"all": None}
@@ -100,7 +110,7 @@ def main() -> None:
         print(f"{item['file']} [{item['group']}]: {line}  auto/best {ratio:.3f}")
         if "auto" in rows:
             print(f"    auto sources: {source_text(rows['auto']['sources'])}")
-    if len(report) > 1 and all("auto" in r["rows"] for r in report):
+    if len(report) > 1 and all("auto" in r["rows"] and r["best"] for r in report):
         ratios = [r["rows"]["auto"]["speedup"] / r["rows"][r["best"]]["speedup"] for r in report if r["group"] == "all"]
         print(f"geomean auto/best over files: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
 
