@@ -106,7 +106,7 @@ def test_union_merges_identical_paths_and_keeps_each_sources_score():
     union.add(Draft([5, 6, 7], [-1, 0, 1], scores=[0.9, 0.8, 0.7]), "context", 3)
     union.add(Draft([5, 6, 9, 4], [-1, 0, 1, -1], scores=[0.5, 0.5, 0.5, 0.2]), "memory", 2)
     assert union.tokens == [5, 6, 7, 9, 4] and union.parents == [-1, 0, 1, 1, -1]
-    assert union.raw[0] == {"context": (0.9, 3), "memory": (0.5, 2)} and union.raw[3] == {"memory": (0.5, 2)}
+    assert union.raw[0] == {"context": {3: 0.9}, "memory": {2: 0.5}} and union.raw[3] == {"memory": {2: 0.5}}
     assert union.path(3) == [5, 6, 9]
     cond = normalise_siblings(union.parents, np.array([0.9, 0.9, 0.8, 0.6, 0.5]))
     assert cond[0] + cond[4] <= 1 + 1e-9 and cond[2] + cond[3] <= 1 + 1e-9

@@ -134,7 +134,8 @@ def run(method: str, model: str, *, datastore: str | list[str] | None, prompt_se
         from ..engine.budget import Budget
         from ..runtime.profile import Profile
 
-        drafter.budget = Budget("auto", Profile([1, 64], [0.05, 0.05 * (1 + 0.05 * 63)]), gate=False)
+        drafter.budget = Budget("auto", Profile([1, 64], [0.05, 0.05 * (1 + 0.05 * 63)]), gate=False,
+                                trust_scores=drafter.calibrated_scores)
     cases = contexts(tokenizer, prompt_set, limit, steps, context)
     if not cases:
         raise SpecdecError(f"no contexts from prompt set {prompt_set!r}")

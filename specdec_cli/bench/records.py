@@ -18,6 +18,7 @@ from ..io.prompts import Prompt
 from ..runtime.machine import cpu_name
 from .config import RECORD_SCHEMA, BenchConfig, Generation
 from .engines import BASELINES
+from .guard import auto_guard
 from .metrics import ratio, summarize_method
 
 # --- the record -------------------------------------------------------------------------------------------------
@@ -83,6 +84,7 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
         "memory": memory_setting(cfg),
         "note": None if cfg.greedy else "temperature > 0: sampled outputs differ by design; identity check skipped",
         "results": results,
+        "auto_guard": auto_guard(results),
     }
 
 
@@ -144,6 +146,7 @@ def merge_records(records: list[dict]) -> dict:
     return {**base, "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "config": {**base["config"], "offset": None, "limit": None},
             "num_prompts": sum(rec["num_prompts"] for rec in records), "results": results,
+            "auto_guard": auto_guard(results),
             "merged_from": [{"timestamp": rec["timestamp"], "offset": rec["config"].get("offset"),
                              "limit": rec["config"].get("limit"), "git_commit": rec.get("git_commit")}
                             for rec in records]}

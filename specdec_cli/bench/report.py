@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import SpecdecError
+from .guard import auto_guard, guard_text
 
 # --- output -----------------------------------------------------------------------------------------------------
 
@@ -72,12 +73,20 @@ def source_lines(record: dict) -> list[str]:
     return out
 
 
+def guard_line(record: dict) -> str | None:
+    """The guard's line (docs/bench.md): recomputed for records written before it existed."""
+    guard = record["auto_guard"] if "auto_guard" in record else auto_guard(record.get("results") or [])
+    return guard_text(guard)
+
+
 def plain_table(record: dict) -> str:
     """Aligned plain text (for pipes, logs and cron mail)."""
     rows = [columns(record)] + table_rows(record)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [title(record)] + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines += source_lines(record)
+    if guard_line(record):
+        lines.append(guard_line(record))
     if record.get("note"):
         lines.append(f"note: {record['note']}")
     return "\n".join(lines)
@@ -108,6 +117,9 @@ def print_table(record: dict, terminal: bool, file=None) -> None:
     console.print(table)
     for line in source_lines(record):
         console.print(line)
+    line = guard_line(record)
+    if line:
+        console.print(line, style="bold red" if line.startswith("WARNING") else None, markup=False)
     if record.get("note"):
         console.print(f"note: {record['note']}")
 

@@ -1,20 +1,28 @@
-"""A gate for a costly draft source (a datastore, a draft model): it keeps drafting from the source only while
-the tokens that only it got accepted pay for its time (``auto``)."""
+"""A gate for a draft source of ``auto`` (the memory, a datastore, a draft model): it keeps drafting from the
+source only while the tokens that only it got accepted pay for its time -- its drafting, and the verification of
+the nodes no other source proposed."""
 
 from __future__ import annotations
 
-WARMUP = 8  # steps before a costly source can be gated
+WARMUP = 8  # steps before a source can be gated
 EMA = 0.2
+RETRY = -0.3  # a source whose running net value is above this many tokens gets a fresh chance with each generation
 
 
 class Gate:
-    """Whether a costly source pays: the running net value (tokens only it got accepted, minus its time priced at
+    """Whether a source pays: the running net value (tokens only it got accepted, minus its time priced at
     the method's current tokens per second) of the steps it ran; negative -> skipped for a stretch that doubles
     with each losing probe."""
 
     def __init__(self):
         self.net, self.runs, self.skip, self.backoff, self.gated = 0.0, 0, 0, 1, 0
         self.probing = False
+
+    def start(self) -> None:
+        """A new generation: a source that lost only a little gets a fresh chance (a memory that had nothing to
+        offer the first prompts may hold the answer to this one; prompts differ)."""
+        if self.net > RETRY:
+            self.net, self.runs, self.skip, self.backoff, self.probing = 0.0, 0, 0, 1, False
 
     def open(self) -> bool:
         if self.skip > 0:

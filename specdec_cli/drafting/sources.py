@@ -17,7 +17,7 @@ import numpy as np
 
 from .count_trie import count_trie, top_by_count
 from ..engine.trees import Draft
-from .ngram_index import NgramIndex
+from .ngram_index import CopyCursor, NgramIndex, evidence_score
 from .output_memory import OutputMemory
 
 
@@ -29,7 +29,13 @@ def bucket_of(n: int) -> int:
 def prior(n: int) -> float:
     """How much a continuation after an ``n``-token match is trusted before any is verified (prompt lookup's
     rule): the calibration of each (source, bucket) learns the real rate from there."""
-    return min(0.25 + 0.15 * n, 0.9)
+    return evidence_score(n)
+
+
+def cursor_bucket(run: int) -> int:
+    """Copies from the cursor after 1-2, 3-8, 9-32 and 33+ tokens copied in a row as calibration buckets 6..9
+    (after :func:`bucket_of`'s): the longer a copy has held, the likelier it goes on -- until the edit comes."""
+    return 6 if run <= 2 else 7 if run <= 8 else 8 if run <= 32 else 9
 
 
 def rows_to_draft(rows: np.ndarray, top_c: int, trust: float = 1.0) -> Draft:
@@ -37,6 +43,9 @@ def rows_to_draft(rows: np.ndarray, top_c: int, trust: float = 1.0) -> Draft:
     ``trust``."""
     if not rows.size:
         return Draft()
+    if rows.shape[0] == 1:  # one continuation (a long match: the common case): its trie is the chain itself
+        chain = rows[0][rows[0] >= 0][:top_c].tolist()
+        return Draft.chain(chain, scores=[trust] * len(chain))
     draft = top_by_count(count_trie(rows), top_c).to_draft()
     if trust != 1.0:
         draft.scores = [s * trust for s in draft.scores]
@@ -46,11 +55,13 @@ def rows_to_draft(rows: np.ndarray, top_c: int, trust: float = 1.0) -> Draft:
 class Source:
     name = "source"
     cost_s = 5e-5  # what a proposal is assumed to cost where the clock is not read (sampled runs)
+    gated = True  # auto skips it while the tokens only it got accepted do not pay for its time (drafting.gate)
 
     def start(self, prompt: list[int]) -> None:
         pass
 
-    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+    def propose(self, tokens: list[int], length: int) -> list[tuple[Draft, int]]:
+        """Draft trees, each with the calibration bucket of its estimates."""
         raise NotImplementedError
 
     def accept(self, tokens: list[int], new: int) -> None:
@@ -60,34 +71,58 @@ class Source:
         return {}
 
 
-class ContextSource(Source):
+class CopySource(Source):
+    """Drafts copied from a token buffer (:class:`NgramIndex`): the continuation where a :class:`CopyCursor` says
+    the sequence is copying (a chain, calibrated by how long the copy has held: :func:`cursor_bucket`) and a
+    frequency trie of the most recent occurrences of the longest tail n-gram (calibrated by ``n``)."""
+
+    def __init__(self, index: NgramIndex, rows: int, top_c: int, max_n: int):
+        self.index, self.rows, self.top_c, self.max_n = index, rows, top_c, max_n
+        self.cursor = CopyCursor(index)
+
+    def copies(self, tokens: list[int], length: int) -> list[tuple[Draft, int]]:
+        starts, _, n, run = self.cursor.candidates(tokens, self.rows, self.max_n)
+        out = []
+        if run > 0:
+            chain = self.index.continuation(starts[0], length)
+            out.append((Draft.chain(chain, scores=[prior(run)] * len(chain)), cursor_bucket(run)))
+            starts = starts[1:]
+        if starts:
+            out.append((rows_to_draft(self.index.rows(starts, length), self.top_c, prior(n)), bucket_of(n)))
+        return out
+
+
+class ContextSource(CopySource):
     name = "context"
+    gated = False  # the request's own text: the source the others are measured against (docs/auto.md, "Gates")
 
     def __init__(self, max_n: int = 8, rows: int = 16, top_c: int = 32):
-        self.index = NgramIndex(range(1, max_n + 1), max_positions=rows)
-        self.rows, self.top_c = rows, top_c
+        super().__init__(NgramIndex(range(1, max_n + 1), max_positions=rows), rows, top_c, max_n)
 
     def start(self, prompt: list[int]) -> None:
         self.index.clear()
         self.index.extend(list(prompt))
+        self.cursor.reset()
 
-    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+    def propose(self, tokens: list[int], length: int) -> list[tuple[Draft, int]]:
         self.index.follow(tokens)
-        n, rows = self.index.lookup(tokens, length, self.rows)
-        return rows_to_draft(rows, self.top_c, prior(n)), bucket_of(n)
+        return self.copies(tokens, length)
 
 
-class MemorySource(Source):
+class MemorySource(CopySource):
     name = "memory"
 
     def __init__(self, memory: OutputMemory, rows: int = 32, top_c: int = 32):
-        self.memory, self.rows, self.top_c = memory, rows, top_c
+        super().__init__(memory.index, rows, top_c, max(memory.sizes))
+        self.memory = memory
         self.prompt: list[int] | None = None
         self.sequence: list[int] | None = None
 
     def start(self, prompt: list[int]) -> None:
         self.flush()
         self.prompt, self.sequence = list(prompt), None
+        self.index = self.memory.index  # a shared memory (batch slots) or one loaded from a checkpoint
+        self.cursor = CopyCursor(self.index)  # positions of the last generation mean nothing after a forget
 
     def flush(self) -> None:
         """The generation that just ended joins the memory."""
@@ -98,9 +133,8 @@ class MemorySource(Source):
     def accept(self, tokens: list[int], new: int) -> None:
         self.sequence = tokens
 
-    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
-        n, rows = self.memory.continuations(tokens, length, self.rows)
-        return rows_to_draft(rows, self.top_c, prior(n)), bucket_of(n)
+    def propose(self, tokens: list[int], length: int) -> list[tuple[Draft, int]]:
+        return self.copies(tokens, length)
 
     def stats(self) -> dict:
         return {"memory_tokens": self.memory.num_tokens, "memory_sequences": len(self.memory.sequences)}
@@ -116,7 +150,7 @@ class SuffixArraySource(Source):
     def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
         found = self.store.retrieve(tokens, self.n_max, length, self.max_matches)
         rows = found.continuations.reshape(-1, length)
-        return rows_to_draft(rows, self.top_c, prior(found.match_length) / 2), bucket_of(found.match_length)
+        return [(rows_to_draft(rows, self.top_c, prior(found.match_length) / 2), bucket_of(found.match_length))]
 
 
 class TrigramSource(Source):
@@ -143,7 +177,7 @@ class TrigramSource(Source):
             self.matrix.adjust(self.pending[max(self.learnt - 2, 0):], increment=self.increment)
             self.learnt = len(self.pending)
 
-    def propose(self, tokens: list[int], length: int) -> tuple[Draft, int]:
+    def propose(self, tokens: list[int], length: int) -> list[tuple[Draft, int]]:
         """Best-first by path probability, level by level: at most ``width`` children per node and ``beam``
         nodes expanded per level, each scored with its tri-gram probability."""
         self.learn()
@@ -168,4 +202,4 @@ class TrigramSource(Source):
             frontier = sorted(grown, key=lambda g: -g[3])[: self.beam]
             if not frontier:
                 break
-        return out, 0
+        return [(out, 0)]

@@ -21,7 +21,7 @@ class UnionTree:
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depths: list[int] = []
-        self.raw: list[dict[str, tuple[float, int]]] = []  # node -> {source: (raw score, bucket)}
+        self.raw: list[dict[str, dict[int, float]]] = []  # node -> {source: {bucket: raw score}}
         self.index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
 
     def __len__(self) -> int:
@@ -41,9 +41,9 @@ class UnionTree:
                 self.parents.append(parent)
                 self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
                 self.raw.append({})
-            old = self.raw[node].get(source)
-            if old is None or score > old[0]:
-                self.raw[node][source] = (float(score), bucket)
+            cells = self.raw[node].setdefault(source, {})  # a source may propose a node twice (two kinds of
+            if score > cells.get(bucket, -1.0):  # evidence, two buckets): each bucket calibrates on its own
+                cells[bucket] = float(score)
             mapped.append(node)
         return mapped
 
@@ -78,15 +78,33 @@ class SourceCalibration:
             cal = self.cells[(source, bucket)] = Calibrator()
         return cal
 
+    def state(self) -> list:
+        return [[name, bucket, cal.state()] for (name, bucket), cal in self.cells.items()]
+
+    @staticmethod
+    def cells_of(state) -> dict[tuple[str, int], Calibrator]:
+        """The cells of :meth:`state`'s answer (ValueError for data that is not one)."""
+        from ..io.state import count
+
+        cells = {}
+        for name, bucket, cal_state in state:
+            if not isinstance(name, str):
+                raise ValueError("calibration source")
+            cal = Calibrator()
+            cal.load_state(cal_state)
+            cells[(name, count(bucket))] = cal
+        return cells
+
     def estimate(self, source: str, bucket: int, depths, scores) -> np.ndarray:
         return self.calibrator(source, bucket).estimate(depths, scores)
 
     def combined(self, union: UnionTree, start: int = 0) -> np.ndarray:
-        """Each node's estimate (from node ``start`` on): the best of its sources' calibrated ones."""
+        """Each node's estimate (from node ``start`` on): the best of its sources' (and buckets') calibrated ones."""
         groups: dict[tuple[str, int], list[tuple[int, float]]] = {}
         for node in range(start, len(union)):
-            for source, (score, bucket) in union.raw[node].items():
-                groups.setdefault((source, bucket), []).append((node, score))
+            for source, cells in union.raw[node].items():
+                for bucket, score in cells.items():
+                    groups.setdefault((source, bucket), []).append((node, score))
         out = np.zeros(len(union) - start)
         for (source, bucket), items in groups.items():
             nodes = np.array([n for n, _ in items])
@@ -98,8 +116,9 @@ class SourceCalibration:
         """``nodes`` (union nodes) were tested; ``accepted[i]`` says whether node ``i`` was the target's token."""
         groups: dict[tuple[str, int], list[tuple[int, float, bool]]] = {}
         for node, ok in zip(nodes, accepted):
-            for source, (score, bucket) in union.raw[node].items():
-                groups.setdefault((source, bucket), []).append((union.depths[node], score, ok))
+            for source, cells in union.raw[node].items():
+                for bucket, score in cells.items():
+                    groups.setdefault((source, bucket), []).append((union.depths[node], score, ok))
         for (source, bucket), items in groups.items():
             depths, scores, oks = zip(*items)
             self.calibrator(source, bucket).add(depths, scores, oks)

@@ -131,9 +131,10 @@ class StepPlan:
 
 class Budget:
     def __init__(self, mode: str | int = "auto", profile: Profile | None = None, *, draft_cost: bool = True,
-                 gate: bool = True):
+                 gate: bool = True, trust_scores: bool = False):
         self.mode = mode  # parsed where it entered (config.parse_budget)
         self.gate = gate  # False: never skip drafting (a drafter that gates its own costly parts: auto)
+        self.trust_scores = trust_scores  # True: the drafter's scores are calibrated already (auto): used as they are
         self.profile = profile or Profile.flat()
         self.draft_cost = draft_cost  # count measured drafting time (greedy runs)
         self.calibrator = Calibrator()
@@ -189,6 +190,8 @@ class Budget:
 
     def calibrated(self, draft: trees.Draft) -> np.ndarray:
         raw = draft.scores if draft.scores is not None else [1.0] * len(draft)
+        if self.trust_scores:  # the drafter calibrates its own estimates (auto: per source and evidence)
+            return np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
         return self.calibrator.estimate(trees.depths(draft.parents), raw)
 
     def select(self, draft: trees.Draft) -> StepPlan:

@@ -50,6 +50,7 @@ class Drafter:
     name = "ar"
     _budget: Budget | None = None
     gated_by_budget = True  # False: the budget never skips drafting (the drafter gates its own costly sources)
+    calibrated_scores = False  # True: its scores are calibrated acceptance estimates already; the budget keeps them
     cache_mode: CacheMode | None = None  # the engine path its budget was priced for (api.make_drafter sets it)
 
     @property

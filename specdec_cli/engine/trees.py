@@ -49,9 +49,9 @@ class Draft:
         return len(self.tokens)
 
     def subtree(self, nodes) -> "Draft":
-        """The draft restricted to ``nodes`` (ascending indices of a prefix-closed set), re-indexed."""
+        """The draft restricted to ``nodes`` (indices of a prefix-closed set, each after its parent), re-indexed."""
         nodes = list(nodes)
-        if len(nodes) == len(self.tokens):
+        if nodes == list(range(len(self.tokens))):
             return self
         new_index = {old: new for new, old in enumerate(nodes)}
         parents = [-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in nodes]
@@ -183,6 +183,24 @@ def causal_size(chain_probs: np.ndarray, verify_s, value_per_s: float, horizon: 
     return k
 
 
+def likeliest_path_first(draft: Draft, probs: np.ndarray) -> Draft:
+    """The same tree with its nodes in depth-first order, the likelier child first. The likeliest path then takes
+    rows ``0..k`` of the verification, and when the target accepts a prefix of it (the common case) the KV cache
+    keeps it by a crop instead of moving the accepted rows down in every layer. Verification does not depend on
+    the order (the tree walk follows tokens)."""
+    if len(draft) < 2 or all(p == i - 1 for i, p in enumerate(draft.parents)):
+        return draft
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(draft.parents):
+        kids.setdefault(p, []).append(i)
+    order, stack = [], sorted(kids.get(-1, []), key=lambda i: probs[i])
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(sorted(kids.get(node, []), key=lambda i: probs[i]))  # the likeliest child is popped next
+    return draft.subtree(order)
+
+
 def select(draft: Draft, cond, verify_s, value_per_s: float, *, causal: bool = False, limit: int | None = None
            ) -> Draft:
     """The prefix-closed part of ``draft`` worth verifying (possibly empty), given calibrated conditional
@@ -197,4 +215,5 @@ def select(draft: Draft, cond, verify_s, value_per_s: float, *, causal: bool = F
         return draft.subtree(range(k))
     order = rank(draft.parents, probs)
     k = best_size(probs[order], verify_s, value_per_s, limit)
-    return draft.subtree(sorted(order[:k].tolist()))
+    kept = sorted(order[:k].tolist())
+    return likeliest_path_first(draft.subtree(kept), probs[kept])

@@ -15,6 +15,10 @@ Sets come from real data wherever it can be had without guesswork:
   library functions (add type hints, rename locals, add comments, ...) and *rewrites* of 2,000-3,200-character
   sections of the Python reference documentation that ships with the interpreter (``pydoc_data.topics``), in
   alternating order; 400-800 prompt tokens each.
+* ``wide`` / ``wide-heldout`` -- code edits of five kinds (type hints, renames, docstrings and comments, refactors)
+  over functions of permissively licensed third-party packages, and ShareGPT first turns (category ``chat``),
+  from ``specdec_cli/data/wide.jsonl`` (written by ``scripts/make_wide_set.py``); ``wide`` is the tuning split,
+  ``wide-heldout`` the part kept aside (disjoint).
 * any ``*.jsonl`` path -- one prompt per line (see :func:`load_jsonl_file`).
 * ``NAME*K`` -- each prompt of a named set K times in a row (repeated or agentic workloads: ``humaneval*2``).
 """
@@ -250,3 +254,28 @@ def load_long_edit() -> list[Prompt]:
     if not prompts:
         raise SpecdecError("long-edit prompt set: no standard-library sources found (is the Python stdlib installed?)")
     return prompts
+
+
+# --- wide: edits of third-party code and ShareGPT chats, with a held-out split (issue 36) -------------------------
+
+WIDE_FILE = "wide.jsonl"
+WIDE_SPLITS = ("tune", "heldout")
+
+
+def load_wide_split(split: str) -> list[Prompt]:
+    """The prompts of one split of ``data/wide.jsonl`` (file order: the kinds interleaved)."""
+    prompts = []
+    for row in read_jsonl(DATA_DIR / WIDE_FILE):
+        if row.get("split") not in WIDE_SPLITS or not isinstance(row.get("turns"), list):
+            raise SpecdecError(f"{WIDE_FILE}: row {row.get('id')!r} has no valid split or turns")
+        if row["split"] == split:
+            prompts.append(Prompt(str(row["id"]), str(row["category"]), list(row["turns"])))
+    return prompts
+
+
+def load_wide() -> list[Prompt]:
+    return load_wide_split("tune")
+
+
+def load_wide_heldout() -> list[Prompt]:
+    return load_wide_split("heldout")

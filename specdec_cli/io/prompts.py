@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..errors import SpecdecError
 from .prompt_sets import (Prompt, read_jsonl, load_alpaca, load_alpaca_sample, load_gsm8k, load_gsm8k_sample, load_humaneval,
-                          load_long_edit, load_mt_bench, load_rag)
+                          load_long_edit, load_mt_bench, load_rag, load_wide, load_wide_heldout)
 
 __all__ = ["Prompt", "PROMPT_SETS", "load_jsonl_file", "load_prompts"]
 
@@ -23,6 +23,8 @@ PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
     "long-edit": load_long_edit,
     "gsm8k-sample": load_gsm8k_sample,
     "alpaca-sample": load_alpaca_sample,
+    "wide": load_wide,
+    "wide-heldout": load_wide_heldout,
 }
 
 

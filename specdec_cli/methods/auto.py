@@ -4,9 +4,8 @@ Each step every source proposes a small tree of continuations (:mod:`specdec_cli
 request's own context, the memory of earlier outputs, every datastore given, and a draft model's greedy chain
 grown from the merged tree's most promising node. Identical paths from two sources become one node
 (:class:`~specdec_cli.drafting.union.UnionTree`); each node carries each source's calibrated acceptance estimate,
-and the engine's budget keeps the subtree worth its verification time. A source whose cost is not repaid by the
-tokens only it got accepted is gated (skipped for exponentially growing stretches, then probed again), so
-``auto`` is never meaningfully slower than ``ar``.
+and the engine's budget keeps the subtree worth its verification time. A source (but the context) whose cost is not
+repaid by the tokens only it got accepted is gated (skipped for growing stretches, then probed again).
 
 Every draft is fixed before the target draws and verified by the exact tree walk (the draft model's chain is its
 greedy one), so the output is the target's: identical to ``ar`` when greedy, distributed as ``p_target`` when
@@ -32,11 +31,14 @@ from ..errors import SpecdecError
 MODEL = "model"
 CONFIDENT = 0.7  # the model's chain starts below the tree's nodes this likely to be accepted
 MODEL_BELOW = 1.0  # ... and only when the tree promises fewer extra tokens than this
+THIS_PROMPT = 16.0  # pseudo-nodes behind the run's calibration when this generation's accepted / expected rescales
+# it: the run pools all prompts, and code and chat differ (replays: +1.5% geometric mean over the tuning sets)
 
 
 class AutoDrafter(Drafter):
     name = "auto"
-    gated_by_budget = False  # its cheap sources cost ~0.1 ms; the costly ones have their own gates (Gate)
+    gated_by_budget = False  # its context costs ~0.3 ms; every other source has its own gate (Gate)
+    calibrated_scores = True  # per source and evidence (SourceCalibration); not pooled a second time (docs/auto.md)
 
     def __init__(self, sources: list[Source], models: list[DraftModel] = (), *, max_nodes: int = 64,
                  cont_len: int = 16, window: int = 8, memory: OutputMemory | None = None,
@@ -46,7 +48,7 @@ class AutoDrafter(Drafter):
         self.max_nodes, self.cont_len, self.window = max_nodes, cont_len, window
         self.memory, self.memory_dir, self.fingerprint = memory, memory_dir, fingerprint
         self.calibration = SourceCalibration()
-        self.gates = {s.name: Gate() for s in self.sources if s.cost_s > 1e-4}
+        self.gates = {s.name: Gate() for s in self.sources if s.gated}
         if self.models:
             self.gates[MODEL] = Gate()
         self.totals: dict[str, dict[str, float]] = {}
@@ -60,9 +62,12 @@ class AutoDrafter(Drafter):
             self.calibration.reset()
         for source in self.sources:
             source.start(prompt)
+        for gate in self.gates.values():  # a source that lost only a little gets a fresh chance
+            gate.start()
         for dm in self.models:
             dm.prefill(prompt, now=self.budget.drafting and self.gates[MODEL].skip <= 0)
         self.totals = {}
+        self.gen_acc = self.gen_exp = 0.0  # this generation's accepted tested nodes, and their estimates' sum
 
     def use_target_cache(self, cache) -> None:
         for dm in self.models:
@@ -91,7 +96,7 @@ class AutoDrafter(Drafter):
         tri-gram sources' adapted rows."""
         memory_sources = [s for s in self.sources if isinstance(s, MemorySource)]
         return {
-            "calibration": [[name, bucket, cal.state()] for (name, bucket), cal in self.calibration.cells.items()],
+            "calibration": self.calibration.state(),
             "gates": {name: gate.state() for name, gate in self.gates.items()},
             "memory": self.memory.state() if self.memory is not None else None,
             "pending": [None if s.prompt is None or s.sequence is None else
@@ -100,17 +105,9 @@ class AutoDrafter(Drafter):
         }
 
     def load_state(self, state: dict) -> None:
-        from ..engine.budget import Calibrator
-        from ..io.state import count
         from ..drafting.output_memory import token_list
 
-        cells = {}
-        for name, bucket, cal_state in state["calibration"]:
-            if not isinstance(name, str):
-                raise ValueError("calibration source")
-            cal = Calibrator()
-            cal.load_state(cal_state)
-            cells[(name, count(bucket))] = cal
+        cells = SourceCalibration.cells_of(state["calibration"])
         gates = state["gates"]
         if not isinstance(gates, dict) or set(gates) != set(self.gates):
             raise ValueError("gates of other sources")
@@ -147,12 +144,13 @@ class AutoDrafter(Drafter):
             if gate is not None and not gate.open():
                 continue
             t0 = time.perf_counter()
-            draft, bucket = source.propose(tokens, length)
-            self.union.add(draft, source.name, bucket)
+            for draft, bucket in source.propose(tokens, length):
+                self.union.add(draft, source.name, bucket)
             self.step_cost[source.name] = time.perf_counter() - t0 if greedy else source.cost_s
         cond = self.calibration.combined(self.union)
         if self.models and self.tree_promise(cond) < MODEL_BELOW and self.gates[MODEL].open():
             cond = self.grow_model_chain(tokens, cond, length)
+        cond = np.minimum(cond * (self.gen_acc + THIS_PROMPT) / (self.gen_exp + THIS_PROMPT), 1.0)
         draft, _ = best_subtree(self.union, normalise_siblings(self.union.parents, cond), self.max_nodes)
         draft.cost_s = sum(self.step_cost.values())
         return draft
@@ -228,6 +226,8 @@ class AutoDrafter(Drafter):
         tested_parents = {-1, *outcome.path}
         tested = [i for i, p in enumerate(verified.parents) if p in tested_parents]
         self.calibration.observe(self.union, [nodes[i] for i in tested], [i in on_path for i in tested])
+        self.gen_exp += sum(verified.scores[i] for i in tested) if verified.scores else 0.0
+        self.gen_acc += sum(i in on_path for i in tested)
         verified_by, accepted_by, only_by, alone = {}, {}, {}, {}
         for i, node in enumerate(nodes):
             names = self.union.raw[node]
