@@ -97,7 +97,8 @@ MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformer
 def generations_of(result: dict) -> list[Generation]:
     """Generations rebuilt from a result's ``per_prompt`` counts (token values are not stored, only how many)."""
     return [Generation(result["method"], p["prompt_id"], p["turn"], [0] * p["new_tokens"], p["seconds"],
-                       p.get("forwards"), p.get("emitted"), p.get("drafted"), p.get("accepted"), p.get("draft_s"))
+                       p.get("forwards"), p.get("emitted"), p.get("drafted"), p.get("accepted"), p.get("draft_s"),
+                       prefill_s=p.get("prefill_s"))
             for p in result["per_prompt"]]
 
 

@@ -35,7 +35,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import attend, kernels
+from . import attend, fused, kernels
 from .kernels16 import any_order, is_wide
 from .layer_ops import Layer, gemma_norm, llama_norm, norm_weights, rotate
 from .masks import layer_windows, masks_to
@@ -75,6 +75,7 @@ class Decoder:
         self.stamp = _stamp(model)
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.capacity = 0
+        self.fused = fused.fused_for(self, model) if self.wide else None  # compiled layers (runtime.fused)
 
     def windows_shown_by(self, cache) -> bool:
         """Whether each sliding-window layer's cache shows only its window (then one query row needs no mask)."""
@@ -107,9 +108,13 @@ class Decoder:
             x = F.embedding(ids.unsqueeze(0), self.embed.weight).float() * self.embed_scale
         else:
             x = self.embed.forward(ids.unsqueeze(0))  # Gemma's module scales by sqrt(hidden) itself
+        seen = attend.visible(mask) if exact else mask
+        if exact and self.fused is not None and keep != 0:
+            rows = {k: (cos[positions].numpy(), sin[positions].numpy()) for k, (cos, sin) in self.tables.items()}
+            logits = self.fused.forward(cache, x, rows, seen, keep)
+            return torch.tanh(logits / self.softcap) * self.softcap if self.softcap is not None else logits
         at = (lambda t: t[None, :, None]) if exact else (lambda t: t[None, None])  # [1, n, H, hd] / [1, H, n, hd]
         rope = {k: (at(cos[positions]), at(sin[positions])) for k, (cos, sin) in self.tables.items()}
-        seen = attend.visible(mask) if exact else mask
         norm, gemma = self.norm, self.kind == "gemma3"
         for i, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers)):
             h = norm(x, layer.norms[0])
