@@ -106,7 +106,7 @@ def retype(src: Path, dst: Path, kind: str) -> None:
         elif kind == "f16":
             writer.add_tensor(t.name, data.astype(np.float16))
         else:
-            writer.add_tensor(t.name, quantize(data, Q.BF16), raw_shape=data.shape, raw_dtype=Q.BF16)
+            writer.add_tensor(t.name, quantize(data, Q.BF16), raw_dtype=Q.BF16)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

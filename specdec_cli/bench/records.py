@@ -15,7 +15,7 @@ import torch
 from ..errors import SpecdecError
 from ..io.jsonl import iter_jsonl
 from ..io.prompts import Prompt
-from ..runtime.machine import cpu_name
+from ..runtime.machine import cpu_name, peak_rss_bytes
 from .config import RECORD_SCHEMA, BenchConfig, Generation
 from .engines import BASELINES
 from .metrics import ratio, summarize_method
@@ -74,6 +74,7 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
         "schema": RECORD_SCHEMA,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {**machine_info(), "device": device},
+        "peak_rss_mib": round(peak_rss_bytes() / 2**20, 1),  # this process's, models and every method included
         "git_commit": git_commit(),
         "config": asdict(cfg),
         "prompt_set": cfg.prompts,

@@ -77,11 +77,12 @@ def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndar
 
 
 def candidates(n: int) -> tuple[str, ...]:
-    """The strategies timed for ``n`` rows: the row-invariant blockings up to :data:`INVARIANT_ROWS` rows (a block
-    wider than ``n`` computes what a narrower one does), anything beyond."""
+    """The strategies timed for ``n`` rows: one row has one blocking; a few rows, one or two per weight load; more,
+    two or four (four was never slower on the CPU of docs/profiling.md); beyond :data:`INVARIANT_ROWS` rows
+    (prefills), the widest blocking or ``widen``."""
     if n > INVARIANT_ROWS:
         return ("d16x4", "widen")
-    return tuple(s for s, b in BLOCKED.items() if b <= max(n, 1))
+    return ("d16x1",) if n == 1 else ("d16x1", "d16x2") if n < 4 else ("d16x2", "d16x4")
 
 
 @torch.inference_mode()
@@ -90,8 +91,9 @@ def tune_shape16(weights: list[torch.Tensor], buckets, tune_bytes: int, reps: in
     :func:`specdec_cli.runtime.kernels.tune_shape` times the float32 ones, on ``tune_bytes`` of weights)."""
     out_features, in_features = weights[0].shape
     per = weights[0].numel() * weights[0].element_size()
-    if per > tune_bytes:  # one huge matrix (an LM head): a slice of its rows, still far larger than any cache
-        weights = [weights[0][: max(tune_bytes // (in_features * weights[0].element_size()), 1)]]
+    if per > tune_bytes:  # one huge matrix (an LM head): slices of its rows, still far larger than any cache
+        rows = max(tune_bytes // (4 * in_features * weights[0].element_size()), 1)
+        weights = [weights[0][i * rows: (i + 1) * rows] for i in range(4)]
     else:
         weights = weights[: max(tune_bytes // per, 1)]
     bits = [stored(w) for w in weights]
@@ -102,7 +104,7 @@ def tune_shape16(weights: list[torch.Tensor], buckets, tune_bytes: int, reps: in
             plan[n] = these[0]
             continue
         x = torch.randn(n, in_features)
-        subset = max(len(weights) // 4, 1) if n > INVARIANT_ROWS else len(weights)  # compute-bound: fewer weights
+        subset = max(len(weights) // 4, 1) if n >= 16 else len(weights)  # compute-bound: a quarter is plenty
         best = {s: float("inf") for s in these}
         for rep in range(reps + 1):  # the first round warms up
             for s in these:
