@@ -20,8 +20,10 @@ fi
 
 if ! $PY -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$VERSION')" 2>/dev/null; then
   # two parallel compile jobs (a two-core runner), lowest priority; CPU-only build (no BLAS: llama.cpp's own
-  # kernels, as its release binaries for the CPU)
-  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} nice -n 19 $PIP "llama-cpp-python==$VERSION" sentencepiece
+  # kernels, as its release binaries for the CPU); without the multimodal library (LLAVA_BUILD: 51 of the 178
+  # objects; llama_cpp imports it only for image chat formats)
+  CMAKE_ARGS="-DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+    nice -n 19 $PIP "llama-cpp-python==$VERSION" sentencepiece
 fi
 
 if [ ! -f "$TOOLS/convert_hf_to_gguf.py" ]; then
