@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
-from ..config import HF_BASELINES, RunSettings, SamplingConfig
+from ..config import HF_BASELINES, LLAMA_CPP_METHODS, RunSettings, SamplingConfig  # noqa: F401 - re-exported
 
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
@@ -69,6 +69,7 @@ class Generation:
     accepted: int | None = None
     draft_s: float | None = None
     sources: dict | None = None  # auto: per draft source, nodes verified and accepted (methods.auto)
+    prefill_s: float | None = None  # the prompt's evaluation (ours: no logits; llama.cpp: to its first token)
 
 
 Runner = Callable[[list[int], int], Generation]

@@ -36,6 +36,7 @@ def per_prompt_entry(g: Generation) -> dict:
     return {"prompt_id": g.prompt_id, "turn": g.turn, "new_tokens": len(g.tokens), "seconds": round(g.seconds, 6),
             "forwards": g.forwards, "emitted": g.emitted, "drafted": g.drafted, "accepted": g.accepted,
             "draft_s": None if g.draft_s is None else round(g.draft_s, 6),
+            "prefill_s": None if g.prefill_s is None else round(g.prefill_s, 6),
             **({"sources": g.sources} if g.sources is not None else {})}
 
 
@@ -55,6 +56,16 @@ def source_totals(gens: list[Generation]) -> dict | None:
     return out
 
 
+def decode_rate(gens: list[Generation]) -> float | None:
+    """Tokens/s of decoding alone (the prompt's evaluation left out), where every generation reports it: tokens
+    after the first over the time after it for llama.cpp, whose prompt evaluation yields the first token; every
+    token over the time after the prefill for ours, whose prefill computes no logits."""
+    if not gens or any(g.prefill_s is None for g in gens):
+        return None
+    first = 1 if gens[0].method.startswith("llama-cpp") else 0
+    return ratio(sum(len(g.tokens) - first for g in gens), sum(g.seconds - g.prefill_s for g in gens))
+
+
 def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float | None,
                      reference: dict | None) -> dict:
     """Aggregate metrics of one method over the prompt set (definitions in docs/bench.md)."""
@@ -70,6 +81,7 @@ def summarize_method(method: str, gens: list[Generation], ar_tokens_per_s: float
         "seconds": seconds,
         "tokens_per_s": tokens_per_s,
         "mean_token_ms": 1000 * seconds / tokens if tokens else None,
+        "decode_tokens_per_s": decode_rate(gens),
         "speedup": ratio(tokens_per_s, ar_tokens_per_s),
         "mean_accepted_length": metrics.mean_accepted_length(emitted, forwards),
         "sigma": metrics.sigma(accepted, drafted),

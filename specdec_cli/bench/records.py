@@ -15,7 +15,7 @@ import torch
 from ..errors import SpecdecError
 from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..io.prompts import Prompt
-from ..runtime.machine import cpu_name
+from ..runtime.machine import cpu_name, peak_rss_bytes
 from .config import RECORD_SCHEMA, BenchConfig, Generation
 from .engines import BASELINES
 from .guard import auto_guard
@@ -75,6 +75,7 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
         "schema": RECORD_SCHEMA,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {**machine_info(), "device": device},
+        "peak_rss_mib": round(peak_rss_bytes() / 2**20, 1),  # this process's, models and every method included
         "git_commit": git_commit(),
         "config": asdict(cfg),
         "prompt_set": cfg.prompts,
@@ -99,7 +100,8 @@ MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformer
 def generations_of(result: dict) -> list[Generation]:
     """Generations rebuilt from a result's ``per_prompt`` counts (token values are not stored, only how many)."""
     return [Generation(result["method"], p["prompt_id"], p["turn"], [0] * p["new_tokens"], p["seconds"],
-                       p.get("forwards"), p.get("emitted"), p.get("drafted"), p.get("accepted"), p.get("draft_s"))
+                       p.get("forwards"), p.get("emitted"), p.get("drafted"), p.get("accepted"), p.get("draft_s"),
+                       prefill_s=p.get("prefill_s"))
             for p in result["per_prompt"]]
 
 

@@ -15,8 +15,10 @@ from ..engine.loop import cut_at_stop  # noqa: F401 - throughput imports it from
 from ..io.models import same_vocab
 from ..io.prompts import Prompt, load_prompts
 from ..runtime.machine import set_threads
-from .config import HF_BASELINES, HF_PLD_TOKENS, WARMUP_TOKENS, BenchConfig, Generation, Runner, method_list
-from .engines import BASELINES, close_engines, split_label, start_vllm_engines, vllm_runner
+from .config import (HF_BASELINES, HF_PLD_TOKENS, LLAMA_CPP_METHODS, WARMUP_TOKENS, BenchConfig, Generation, Runner,
+                     method_list)
+from .engines import BASELINES, close_engines, note, split_label, start_vllm_engines, vllm_runner
+from .llama_cpp import llama_cpp_runner
 from .metrics import summarize
 from .records import make_record
 
@@ -53,7 +55,7 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict |
         return Generation(method, "", 0, list(result.tokens), result.total_s, forwards=len(steps),
                           emitted=sum(s.new_tokens for s in steps), drafted=sum(s.drafted for s in steps),
                           accepted=sum(s.accepted for s in steps), draft_s=sum(s.draft_s for s in steps),
-                          sources=result.extra.get("sources"))
+                          sources=result.extra.get("sources"), prefill_s=result.prefill_s)
 
     def load_state(state: dict) -> None:
         drafter.budget.load_state(state["budget"])
@@ -137,6 +139,8 @@ def make_runner(label: str, target, drafts, cfg: BenchConfig, opened: dict | Non
         return vllm_runner(label, name, target, cfg, engines[label])
     if name in HF_BASELINES:
         return hf_runner(name, target, drafts, cfg)
+    if name in LLAMA_CPP_METHODS:
+        return llama_cpp_runner(name, target, cfg, progress=note)
     return specdec_runner(name, target, drafts, cfg, opened)
 
 

@@ -22,7 +22,8 @@ from .. import api
 from ..errors import SpecdecError
 from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..runtime.machine import set_threads
-from .config import HF_BASELINES, WARMUP_TOKENS
+from ..config import OUTSIDE_BASELINES
+from .config import WARMUP_TOKENS
 from .records import git_commit, machine_info
 from .runners import ForwardCounter, cut_at_stop, encode_turn, hf_kwargs
 
@@ -48,9 +49,9 @@ def check_methods(methods: list[str], engine: str = "specdec") -> list[str]:
     for; vLLM's methods run on vLLM at each batch size)."""
     from ..methods import label_of, split_label
 
-    refused = [m for m in methods if split_label(m, engine)[0] in HF_BASELINES]
+    refused = [m for m in methods if split_label(m, engine)[0] in OUTSIDE_BASELINES]
     if refused:
-        raise SpecdecError(f"--batch-size runs transformers' batched generate itself (hf-batch); drop "
+        raise SpecdecError(f"--batch-size runs transformers' batched generate itself (hf-batch) and no llama.cpp; drop "
                            f"{', '.join(refused)} from --methods")
     return list(dict.fromkeys(label_of(*split_label(m, engine), engine) for m in methods))
 

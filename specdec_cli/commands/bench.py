@@ -128,7 +128,7 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
     """Method labels (``NAME`` or ``NAME@ENGINE``), --opt values (against every method of the run that takes
     them), --compile, --memory: all before torch is imported (an error comes in well under 1 s). Returns the run's
     labels, its baseline first."""
-    from ..config import HF_BASELINES
+    from ..config import OUTSIDE_BASELINES
     from ..methods import check_options, method_list, split_label
     from ..runtime.cache_mode import check as check_compile
 
@@ -137,7 +137,8 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
     if memory and "auto" not in (split_label(m, engine)[0] for m in labels):
         raise SpecdecError("--memory is an option of auto only (its memory of earlier outputs); drop it, or add "
                            "auto to --methods")
-    check_options([n for n in (split_label(m, engine)[0] for m in labels) if n not in HF_BASELINES] or ["ar"], options)
+    check_options([n for n in (split_label(m, engine)[0] for m in labels) if n not in OUTSIDE_BASELINES] or ["ar"],
+                  options)
     if memory:
         from ..drafting.output_memory import check_folder
 

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from ..config import HF_BASELINES, MAX_BATCH_FILE_BYTES, MAX_BATCH_SIZE, MAX_MEMORY_TOKENS
+from ..config import MAX_BATCH_FILE_BYTES, MAX_BATCH_SIZE, MAX_MEMORY_TOKENS, OUTSIDE_BASELINES
 from ..io.aliases import ALIASES
 from ..io.prompts import PROMPT_SETS
 from ..methods import METHODS
@@ -64,7 +64,7 @@ VLLM_ARG = typer.Option(None, "--vllm-arg", help="vLLM: any other LLM() argument
 JSON = typer.Option(False, "--json", help="machine-readable output: JSON instead of text or a table")
 PLOT = typer.Option(None, "--plot", help="write a PNG chart here")
 METHOD_NAMES = ", ".join(METHODS)
-BASELINE_NAMES = ", ".join(HF_BASELINES)
+BASELINE_NAMES = ", ".join(OUTSIDE_BASELINES)
 PROMPT_SET_NAMES = ", ".join(PROMPT_SETS)
 
 __all__ = ["List", "Optional"]  # re-exported for the commands' annotations

@@ -176,9 +176,9 @@ BASELINES = {"specdec": "ar", "vllm": "vllm"}  # a run's speedups and identity a
 
 def methods_of(engine: str) -> tuple[str, ...]:
     """The methods an engine runs: ours and transformers' on specdec's engine, vLLM's and our proposer on vLLM."""
-    from ..config import HF_BASELINES, VLLM_METHODS
+    from ..config import OUTSIDE_BASELINES, VLLM_METHODS
 
-    return tuple(VLLM_METHODS) if engine == "vllm" else (*METHODS, *HF_BASELINES)
+    return tuple(VLLM_METHODS) if engine == "vllm" else (*METHODS, *OUTSIDE_BASELINES)
 
 
 def check_engine(engine: str) -> None:

@@ -18,7 +18,10 @@ that was a third of SmolLM2-135M's step (30 thin layers). This forward does per 
   4-D tree/chain mask.
 
 Only forwards of at most :data:`MAX_ROWS` query rows use it (decoding and verification); a prefill runs the
-model's own forward, where the products dominate. The numbers are the module code's: on SmolLM2-135M and
+model's own forward, where the products dominate. A 16-bit model whose linear layers run the 16-bit kernels
+(:mod:`specdec_cli.runtime.kernels16`) is the exception, *wide*: it is the float32 model with 16-bit weights, so
+every forward of it, prefills included, runs here with float32 activations, norms, rotary tables, masks and KV cache
+(the embedding rows and norm weights widened exactly). The numbers are the module code's: on SmolLM2-135M and
 Gemma-3-270M the logits are bitwise those of transformers' forward with the same linear kernels (1-16 rows;
 float32, and the bfloat16 and int8 copies); the tests compare logits on tiny models and require greedy output
 identical to transformers' ``generate``.
@@ -32,61 +35,14 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from . import attend, fused, kernels
+from .kernels16 import any_order, is_wide
+from .layer_ops import Layer, gemma_norm, llama_norm, norm_weights, rotate
 from .masks import layer_windows, masks_to
 from .positions import chain_parents, is_chain
 
 MAX_ROWS = 64
 ARCHS = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3"}
-
-
-class Layer:
-    """One decoder layer's handles: norm weights, the linear modules' ``forward``, the rotary table it uses."""
-
-    __slots__ = ("norms", "q", "k", "v", "o", "gate", "up", "down", "q_norm", "k_norm", "rope", "act")
-
-    def __init__(self, layer, kind: str, rope: str):
-        attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = (m.forward for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-        self.gate, self.up, self.down = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward
-        self.act = mlp.act_fn
-        names = ("input_layernorm", "post_attention_layernorm") if kind == "llama" else \
-            ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
-        gemma = kind == "gemma3"
-        self.norms = [_norm_weights(getattr(layer, n), gemma) for n in names]
-        self.q_norm = _norm_weights(attn.q_norm, gemma) if hasattr(attn, "q_norm") else None
-        self.k_norm = _norm_weights(attn.k_norm, gemma) if hasattr(attn, "k_norm") else None
-        self.rope = rope
-
-
-def _norm_weights(norm, gemma: bool) -> tuple[torch.Tensor, float]:
-    """A norm module's (weight, eps) as its forward uses them: Gemma's ``1 + w`` in float32, Llama's ``w``."""
-    if gemma:
-        return 1.0 + norm.weight.detach().float(), norm.eps
-    return norm.weight.detach(), norm.variance_epsilon
-
-
-def _llama_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
-    """transformers' ``LlamaRMSNorm``: normalised in float32, cast back, then scaled."""
-    weight, eps = norm
-    h = x if x.dtype == torch.float32 else x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
-
-
-def _gemma_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
-    """transformers' ``Gemma3RMSNorm``: normalised and scaled by ``1 + w`` in float32, then cast back."""
-    weight, eps = norm
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    h = h * weight
-    return h if x.dtype == torch.float32 else h.type_as(x)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """transformers' ``x * cos + rotate_half(x) * sin``: ``rotate_half(x) = cat(-x2, x1)`` is ``roll(x)`` with the
-    first half's sign moved into the sine table (exact: a sign flip rounds nothing)."""
-    return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * signed_sin)
 
 
 class Decoder:
@@ -95,6 +51,7 @@ class Decoder:
 
     def __init__(self, model):
         self.kind = ARCHS[type(model).__name__]
+        self.wide = is_wide(model)
         cfg = _text_config(model)
         inner = model.model
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -102,20 +59,23 @@ class Decoder:
         types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
         layers = list(inner.layers[: cfg.num_hidden_layers])
         rope_of = (lambda t: t) if self.kind == "gemma3" else (lambda t: "full_attention")
-        self.layers = [Layer(layer, self.kind, rope_of(t)) for layer, t in zip(layers, types)]
+        self.layers = [Layer(layer, self.kind, rope_of(t), self.wide) for layer, t in zip(layers, types)]
         self.types = types
         self.windows = layer_windows(model.config)  # per layer: its sliding window, or None
         self.scale = layers[0].self_attn.scaling
         self.embed = inner.embed_tokens
-        self.final_norm = _norm_weights(inner.norm, self.kind == "gemma3")
+        self.final_norm = norm_weights(inner.norm, self.kind == "gemma3", self.wide)
+        # a wide model's embedding: rows widened, then Gemma's float32 scale (the float32 model's own product)
+        self.embed_scale = torch.tensor(float(getattr(self.embed, "scalar_embed_scale", 1.0)))
         self.lm_head = model.lm_head.forward
         self.vocab = model.lm_head.out_features
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.norm = _llama_norm if self.kind == "llama" else _gemma_norm
+        self.norm = llama_norm if self.kind == "llama" else gemma_norm
         self.rotary = inner.rotary_emb
         self.stamp = _stamp(model)
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.capacity = 0
+        self.fused = fused.fused_for(self, model) if self.wide else None  # compiled layers (runtime.fused)
 
     def windows_shown_by(self, cache) -> bool:
         """Whether each sliding-window layer's cache shows only its window (then one query row needs no mask)."""
@@ -129,7 +89,7 @@ class Decoder:
         capacity = max(needed, 2 * self.capacity, 1024)
         w = self.embed.weight
         pos = torch.arange(capacity, device=w.device).unsqueeze(0)
-        probe = torch.empty(1, 1, 1, dtype=w.dtype, device=w.device)
+        probe = torch.empty(1, 1, 1, dtype=torch.float32 if self.wide else w.dtype, device=w.device)
         for kind in set(layer.rope for layer in self.layers):
             cos, sin = self.rotary(probe, pos, kind) if self.kind == "gemma3" else self.rotary(probe, pos)
             half = sin.shape[-1] // 2
@@ -143,27 +103,23 @@ class Decoder:
         dict per layer type where full and sliding-window layers mix); ``keep``: the last rows to return."""
         n = ids.shape[0]
         self._rope_tables(int(positions.max()) + 1)
-        x = self.embed.forward(ids.unsqueeze(0))  # Gemma's module scales by sqrt(hidden) itself
-        rope = {k: (cos[positions][None, None], sin[positions][None, None]) for k, (cos, sin) in self.tables.items()}
-        hd, heads, kv_heads = self.head_dim, self.heads, self.kv_heads
-        groups = heads // kv_heads
+        exact = self.wide and keep != 0  # rows whose logits are read: row-invariant attention (runtime.attend)
+        if self.wide:
+            x = F.embedding(ids.unsqueeze(0), self.embed.weight).float() * self.embed_scale
+        else:
+            x = self.embed.forward(ids.unsqueeze(0))  # Gemma's module scales by sqrt(hidden) itself
+        seen = attend.visible(mask) if exact else mask
+        if exact and self.fused is not None and keep != 0:
+            rows = {k: (cos[positions].numpy(), sin[positions].numpy()) for k, (cos, sin) in self.tables.items()}
+            logits = self.fused.forward(cache, x, rows, seen, keep)
+            return torch.tanh(logits / self.softcap) * self.softcap if self.softcap is not None else logits
+        at = (lambda t: t[None, :, None]) if exact else (lambda t: t[None, None])  # [1, n, H, hd] / [1, H, n, hd]
+        rope = {k: (at(cos[positions]), at(sin[positions])) for k, (cos, sin) in self.tables.items()}
         norm, gemma = self.norm, self.kind == "gemma3"
         for i, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers)):
             h = norm(x, layer.norms[0])
-            q = layer.q(h).view(1, n, heads, hd).transpose(1, 2)
-            k = layer.k(h).view(1, n, kv_heads, hd).transpose(1, 2)
-            v = layer.v(h).view(1, n, kv_heads, hd).transpose(1, 2)
-            if layer.q_norm is not None:
-                q, k = norm(q, layer.q_norm), norm(k, layer.k_norm)
-            cos, sin = rope[layer.rope]
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            k, v = cache_layer.update(k, v)
-            m = mask if mask is None or torch.is_tensor(mask) else mask[self.types[i]]
-            if groups > 1:
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=self.scale, enable_gqa=True)
-            else:
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=self.scale)
-            a = layer.o(a.reshape(1, heads, n, hd).transpose(1, 2).reshape(1, n, heads * hd))
+            m = seen if seen is None or not isinstance(seen, dict) else seen[self.types[i]]
+            a = layer.o(self._attention(layer, cache_layer, h, rope[layer.rope], m, exact))
             if gemma:
                 x = x + norm(a, layer.norms[1])
                 h = norm(x, layer.norms[2])
@@ -180,6 +136,29 @@ class Decoder:
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits[0].float()
+
+    def _attention(self, layer, cache_layer, h, rope, mask, exact: bool) -> torch.Tensor:
+        """One layer's attention output ``[1, n, heads * hd]`` (keys and values appended to the cache): by SDPA, or
+        ``exact``ly by :func:`specdec_cli.runtime.attend.attention` (``mask``: then the rows' visible columns)."""
+        n, hd, heads, kv_heads = h.shape[1], self.head_dim, self.heads, self.kv_heads
+        q = layer.q(h).view(1, n, heads, hd)
+        k = layer.k(h).view(1, n, kv_heads, hd)
+        v = layer.v(h).view(1, n, kv_heads, hd)
+        if not exact:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if layer.q_norm is not None:
+            q, k = self.norm(q, layer.q_norm), self.norm(k, layer.k_norm)
+        q, k = rotate(q, *rope), rotate(k, *rope)
+        if exact:
+            past = cache_layer.length
+            cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+            return attend.attention(q, cache_layer, past, mask, self.scale).view(1, n, heads * hd)
+        k, v = cache_layer.update(k, v)
+        if heads > kv_heads:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        return a.transpose(1, 2).reshape(1, n, heads * hd)
 
 
 _DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> Decoder, or None: not used
@@ -229,10 +208,16 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         chain = parents is None or is_chain(parents)
         mask, pos = cache.tree_inputs(model, chain_parents(len(tokens) - 1) if chain else parents)
         pos = pos[0].to(dev)
-        mask = masks_to(mask, dev)
+        mask = masks_to(mask, dev, torch.float32 if dec.wide else None)
         keep = keep if chain else None
-    with kernels.active():
+    with kernels.active(), any_order(keep == 0):
         return dec.forward(cache, ids, pos, mask, keep)
+
+
+def takes_every_forward(model) -> bool:
+    """Whether every forward of ``model``, whatever its row count, runs here (a wide 16-bit model)."""
+    dec = decoder_for(model)
+    return dec is not None and dec.wide
 
 
 def disable(model) -> None:

@@ -21,6 +21,9 @@ dispatches on the row count through a *plan* measured once per machine, thread c
   output's sum runs in the same order whatever the row count, so a verification forward's logits are those a
   one-row forward gives (while every row count up to it uses ``dot``: up to :data:`DOT_ROWS`).
 
+16-bit weights (``--dtype bfloat16|float16``) get :mod:`specdec_cli.runtime.kernels16`'s row-invariant strategies
+instead (the weight read as stored, float32 rows in and out), in plans keyed by the weight's dtype.
+
 All four compute the float32 product (only the summation order differs, as it does between PyTorch's own
 kernels for different row counts). Copies are kept only where the plan uses them and only while they fit in
 :data:`EXTRA_MEMORY_FRACTION` of the available memory. The fast path is taken only inside :func:`active` (the
@@ -44,6 +47,7 @@ from ..io.atomic import write_cache
 from ..io.jsonl import read_json
 from .dot import dot_rows  # looked up at each call (scripts/profile_step.py wraps it for the profiler)
 from .jit import COMPILED
+from .kernels16 import FORMATS, apply16, is_16bit, stored, tune_shape16
 from .machine import available_bytes, cpu_name
 
 # "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
@@ -117,12 +121,16 @@ class FastLinear(torch.nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
         self.plan = {n: ("nt" if s == "dot" and not COMPILED else s) for n, s in plan.items()}  # no numba here
+        # 16-bit weights: float32 rows through kernels16 (``_bits``: the weight's bits as uint16, no copy)
+        self._bits = stored(self.weight) if is_16bit(self.weight) else None
         self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
         self.wide = self.plan.get(BUCKETS[-1], "nt")
         with torch.no_grad():
             self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in PACKED}
         # plain attributes for the per-call checks (a Parameter is looked up through Module.__getattr__)
         self._dtype, self._dot = self.weight.dtype, self._packed.get("dot") if self.bias is None else None
+        if self._bits is not None:
+            self._dtype = torch.float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // self.in_features
@@ -132,6 +140,11 @@ class FastLinear(torch.nn.Module):
             strategy = self.table[n] if n <= WIDE else self.wide
         if strategy == "nt":
             return F.linear(x, self.weight, self.bias)
+        if self._bits is not None:
+            y = apply16(strategy, x.reshape(n, self.in_features).contiguous(), self.weight, self._bits)
+            if self.bias is not None:
+                y = y + self.bias.float()
+            return y.view(*x.shape[:-1], self.out_features)
         if strategy == "dot" and self._dot is not None and x.is_contiguous():  # the decoding step's path: no copies
             return _dot(x.view(n, self.in_features), self._dot).view(*x.shape[:-1], self.out_features)
         # both sides in the row-major layout the plan was measured with (a transposed view would make MKL pick
@@ -160,12 +173,13 @@ class FastLinear(torch.nn.Module):
 
 
 def _linears(model) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
-    """(parent, attribute, layer) for every float32 CPU ``nn.Linear`` of ``model``."""
+    """(parent, attribute, layer) for every float32 or 16-bit (:mod:`specdec_cli.runtime.kernels16`) CPU
+    ``nn.Linear`` of ``model``."""
     out = []
     for parent in model.modules():
         for name, child in parent.named_children():
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 \
-                    and child.weight.device.type == "cpu":
+            if type(child) is torch.nn.Linear and child.weight.device.type == "cpu" and \
+                    (child.weight.dtype == torch.float32 or is_16bit(child.weight)):
                 out.append((parent, name, child))
     return out
 
@@ -232,22 +246,31 @@ def save_plans(plans: dict) -> None:
     write_cache(_plan_file(), json.dumps(plans, indent=1, sort_keys=True))  # read-only: a re-tune next time
 
 
-def plans_for(model, progress=None) -> dict[tuple[int, int], dict[int, str]]:
-    """The plan of every float32 weight shape of ``model``: from the cache, else measured now (and cached)."""
-    shapes: dict[tuple[int, int], list[torch.Tensor]] = {}
+def shape_key(weight: torch.Tensor) -> str:
+    """A plan's key: ``OUTxIN`` for a float32 weight, ``OUTxIN:bf16`` / ``:fp16`` for a 16-bit one."""
+    fmt = FORMATS.get(weight.dtype)
+    return f"{weight.shape[0]}x{weight.shape[1]}" + (f":{fmt}" if fmt else "")
+
+
+def plans_for(model, progress=None) -> dict[str, dict[int, str]]:
+    """The plan of every weight shape and dtype of ``model`` (:func:`shape_key`): from the cache, else measured now
+    (and cached)."""
+    shapes: dict[str, list[torch.Tensor]] = {}
     for _, _, layer in _linears(model):
-        shapes.setdefault(tuple(layer.weight.shape), []).append(layer.weight.detach())
+        shapes.setdefault(shape_key(layer.weight), []).append(layer.weight.detach())
     key = machine_key()
     cached = load_plans()
     mine = cached.setdefault(key, {})
-    todo = [s for s in shapes if f"{s[0]}x{s[1]}" not in mine]
+    todo = [s for s in shapes if s not in mine]
     if todo and progress:
         progress(f"measuring CPU matmul kernels for {len(todo)} weight shape(s), once for this machine")
     for shape in todo:
-        mine[f"{shape[0]}x{shape[1]}"] = {str(n): s for n, s in tune_shape(shapes[shape]).items()}
+        weights = shapes[shape]
+        plan = tune_shape16(weights, BUCKETS, TUNE_BYTES) if is_16bit(weights[0]) else tune_shape(weights)
+        mine[shape] = {str(n): s for n, s in plan.items()}
     if todo:
         save_plans(cached)
-    return {shape: {int(n): s for n, s in mine[f"{shape[0]}x{shape[1]}"].items()} for shape in shapes}
+    return {shape: {int(n): s for n, s in mine[shape].items()} for shape in shapes}
 
 
 def extra_bytes(plan: dict[int, str], weight: torch.Tensor) -> int:
@@ -264,14 +287,14 @@ def install(model, progress=None) -> dict:
         return {"layers": 0}
     plans = plans_for(model, progress)
     budget = EXTRA_MEMORY_FRACTION * available_bytes()
-    extra = sum(extra_bytes(plans[tuple(layer.weight.shape)], layer.weight) for _, _, layer in layers)
+    extra = sum(extra_bytes(plans[shape_key(layer.weight)], layer.weight) for _, _, layer in layers)
     if extra > budget:
         plans = {shape: {n: (s if s not in COPIES else "nt") for n, s in plan.items()} for shape, plan in plans.items()}
         extra = 0
     used: dict[str, int] = {}
     object.__setattr__(model, SWAPS, getattr(model, SWAPS, 0) + 1)
     for parent, name, layer in layers:
-        plan = plans[tuple(layer.weight.shape)]
+        plan = plans[shape_key(layer.weight)]
         setattr(parent, name, FastLinear(layer, plan))
         for s in plan.values():
             used[s] = used.get(s, 0) + 1

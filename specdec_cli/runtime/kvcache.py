@@ -253,7 +253,7 @@ class GrowingCache(KVCache):
     @torch.inference_mode()
     def forward(self, model, tokens: list[int], parents: list[int] | None = None,
                 keep: int | None = None) -> torch.Tensor:
-        if len(tokens) <= decoder.MAX_ROWS:
+        if len(tokens) <= decoder.MAX_ROWS or decoder.takes_every_forward(model):
             out = decoder.run(self, model, tokens, parents, keep)
             if out is not None:
                 return out

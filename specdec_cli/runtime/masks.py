@@ -37,9 +37,12 @@ def layer_masks(layer_types, window: int | None, mask_for):
     return masks if len(masks) > 1 else next(iter(masks.values()))
 
 
-def masks_to(mask, device):
-    """A mask from :func:`layer_masks` (one tensor, or a dict per layer type) on ``device``."""
-    return mask.to(device) if torch.is_tensor(mask) else {kind: m.to(device) for kind, m in mask.items()}
+def masks_to(mask, device, dtype: torch.dtype | None = None):
+    """A mask from :func:`layer_masks` (one tensor, or a dict per layer type) on ``device`` (as ``dtype``: 0 and
+    the minimum of a narrower float type stay 0 and masked)."""
+    if torch.is_tensor(mask):
+        return mask.to(device, dtype)
+    return {kind: m.to(device, dtype) for kind, m in mask.items()}
 
 
 def layer_windows(config) -> list[int | None]:

@@ -1,0 +1,117 @@
+"""The 16-bit strategies of the measured kernel plans (:mod:`specdec_cli.runtime.kernels`): bfloat16 and float16
+weights kept as stored, float32 activations in and out.
+
+A 16-bit target (``--dtype bfloat16|float16`` on the CPU) is, for specdec, the float32 model with every weight
+rounded to 16 bits: the lean forward (:mod:`specdec_cli.runtime.decoder`) keeps its activations, norms, rotary
+tables, attention and KV cache in float32, and every linear layer computes ``x @ widen(W).T`` in float32. Its
+strategies:
+
+* ``d16x1``, ``d16x2``, ``d16x4`` -- :mod:`specdec_cli.runtime.dot16`'s kernel with 1, 2 or 4 rows per weight
+  load. All three give every row the same bits (the same fixed summation order), so the plan picks among them by
+  speed alone and a verified row's result is a one-row forward's. Every forward of up to :data:`INVARIANT_ROWS`
+  rows (decoding, verification, draft steps) takes one of them;
+* ``widen`` -- only for longer forwards (prefills, where no row is compared with a one-row result): the weight
+  widened to float32 a slice at a time (:data:`SLICE_BYTES`) and multiplied by MKL, which is compute-bound there.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import dot16
+from .jit import COMPILED
+
+FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"} if COMPILED else {}
+INVARIANT_ROWS = 64  # decoder.MAX_ROWS: every forward the engine compares rows of (see the module doc)
+BLOCKED = {"d16x1": 1, "d16x2": 2, "d16x4": 4}
+STRATEGIES16 = (*BLOCKED, "widen")
+SLICE_BYTES = 8 << 20  # float32 weight rows widened at a time by "widen": a slice stays in this CPU's L3 (32 MB)
+
+
+_ANY_ORDER = [False]  # inside any_order(True): a forward whose rows no one compares (a prefill)
+
+
+@contextmanager
+def any_order(allowed: bool):
+    """Let forwards of more than :data:`INVARIANT_ROWS` rows use ``widen`` (only a prefill, ``keep=0``: a
+    verification of a large tree keeps the row-invariant kernel whatever its size)."""
+    previous, _ANY_ORDER[0] = _ANY_ORDER[0], allowed
+    try:
+        yield
+    finally:
+        _ANY_ORDER[0] = previous
+
+
+def is_16bit(weight: torch.Tensor) -> bool:
+    return weight.dtype in FORMATS and weight.device.type == "cpu"
+
+
+def is_wide(model) -> bool:
+    """Whether every linear layer of ``model`` runs these strategies (16-bit weights, float32 rows): then the
+    model is the float32 one with 16-bit weights (:mod:`specdec_cli.runtime.decoder` runs it so)."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) or hasattr(m, "_bits")]
+    return bool(layers) and all(getattr(m, "_bits", None) is not None for m in layers)
+
+
+def stored(weight: torch.Tensor) -> np.ndarray:
+    """The weight's bits as a ``uint16`` numpy array (a view: no copy)."""
+    return weight.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
+    """``x2 @ widen(weight).T`` in float32 (``x2``: contiguous float32 ``[n, in]``)."""
+    if strategy == "widen" and not _ANY_ORDER[0]:
+        strategy = "d16x4"
+    block = BLOCKED.get(strategy)
+    if block is not None:
+        y = torch.empty((x2.shape[0], bits.shape[0]), dtype=torch.float32)
+        dot16.KERNELS[FORMATS[weight.dtype]](x2.numpy(), bits, y.numpy(), block)
+        return y
+    rows = max(SLICE_BYTES // (4 * weight.shape[1]), 1)
+    return torch.cat([F.linear(x2, weight[i: i + rows].float()) for i in range(0, weight.shape[0], rows)], dim=1)
+
+
+def candidates(n: int) -> tuple[str, ...]:
+    """The strategies timed for ``n`` rows: one row has one blocking; a few rows, one or two per weight load; more,
+    two or four (four was never slower on the CPU of docs/profiling.md); beyond :data:`INVARIANT_ROWS` rows
+    (prefills), the widest blocking or ``widen``."""
+    if n > INVARIANT_ROWS:
+        return ("d16x4", "widen")
+    return ("d16x1",) if n == 1 else ("d16x1", "d16x2") if n < 4 else ("d16x2", "d16x4")
+
+
+@torch.inference_mode()
+def tune_shape16(weights: list[torch.Tensor], buckets, tune_bytes: int, reps: int = 3) -> dict[int, str]:
+    """bucket -> the fastest 16-bit strategy for these same-shape weights (timed round-robin as
+    :func:`specdec_cli.runtime.kernels.tune_shape` times the float32 ones, on ``tune_bytes`` of weights)."""
+    out_features, in_features = weights[0].shape
+    per = weights[0].numel() * weights[0].element_size()
+    if per > tune_bytes:  # one huge matrix (an LM head): slices of its rows, still far larger than any cache
+        rows = max(tune_bytes // (4 * in_features * weights[0].element_size()), 1)
+        weights = [weights[0][i * rows: (i + 1) * rows] for i in range(4)]
+    else:
+        weights = weights[: max(tune_bytes // per, 1)]
+    bits = [stored(w) for w in weights]
+    plan = {}
+    for n in buckets:
+        these = candidates(n)
+        if len(these) == 1:
+            plan[n] = these[0]
+            continue
+        x = torch.randn(n, in_features)
+        subset = max(len(weights) // 4, 1) if n >= 16 else len(weights)  # compute-bound: a quarter is plenty
+        best = {s: float("inf") for s in these}
+        for rep in range(reps + 1):  # the first round warms up
+            for s in these:
+                t0 = time.perf_counter()
+                for w, b in zip(weights[:subset], bits[:subset]):
+                    apply16(s, x, w, b)
+                if rep:
+                    best[s] = min(best[s], time.perf_counter() - t0)
+        plan[n] = min(best, key=best.get)
+    return plan

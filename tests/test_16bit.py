@@ -1,0 +1,233 @@
+"""16-bit weights (issue 35): the dot16 kernels widen and sum in one fixed order, a wide model's rows do not depend
+on the rows beside them (so every method is lossless against ``ar`` at the same dtype), sampling keeps the
+target's law, and the model is the float32 one with 16-bit weights."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec_cli import api
+from specdec_cli.runtime import decoder, kernels, kernels16
+from specdec_cli.runtime import forward as engine
+from specdec_cli.engine.loop import Drafter, generate
+from specdec_cli.engine.sampling import SamplingConfig
+
+from conftest import CHAT_PROMPTS, chisquare_pvalue, tiny_gemma3, tiny_llama
+
+pytestmark = pytest.mark.skipif(not kernels16.FORMATS, reason="numba not installed")
+DTYPES = [torch.bfloat16, torch.float16]
+NEW_TOKENS = 24
+
+
+def bits(w: torch.Tensor) -> np.ndarray:
+    return w.view(torch.int16).numpy().view(np.uint16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k_dim", [64, 75, 576])  # a multiple of the lanes, leftovers, SmolLM2's width
+def test_dot16_widens_exactly_and_gives_every_row_the_same_bits_whatever_the_block(dtype, k_dim):
+    from specdec_cli.runtime import dot16
+
+    torch.manual_seed(0)
+    w = (torch.randn(37, k_dim) * 3).to(dtype)
+    kernel = dot16.KERNELS[kernels16.FORMATS[dtype]]
+    x = torch.randn(9, k_dim)
+    alone = np.empty((9, 37), np.float32)
+    for r in range(9):
+        kernel(x[r: r + 1].numpy(), bits(w), alone[r: r + 1], 1)
+    for n in (1, 2, 3, 4, 5, 9):
+        for block in (1, 2, 4):
+            y = np.empty((n, 37), np.float32)
+            kernel(x[:n].numpy(), bits(w), y, block)
+            assert np.array_equal(y, alone[:n]), (n, block)
+    exact = (x.double() @ w.double().T).numpy()  # the widened weights exactly (fp16 subnormals included)
+    assert np.allclose(alone, exact, rtol=1e-5, atol=1e-4)
+
+
+def test_attention_gives_a_row_what_it_gives_the_row_alone():
+    from specdec_cli.runtime.attend import EVERY_COLUMN, attend
+
+    torch.manual_seed(0)
+    for hd, heads, kv_heads in ((8, 4, 2), (64, 9, 3), (80, 3, 3)):
+        past, n = 20, 7
+        q, k, v = torch.randn(n, heads, hd), torch.randn(kv_heads, 40, hd), torch.randn(kv_heads, 40, hd)
+        seen = torch.tril(torch.ones(n, past + n, dtype=torch.bool), diagonal=past)
+        together = torch.empty(n, heads, hd)
+        attend(q.numpy(), k.numpy(), v.numpy(), 0, past + n, seen.numpy(), np.float32(hd ** -0.5), together.numpy())
+        for r in range(n):
+            alone = torch.empty(1, heads, hd)
+            attend(q[r: r + 1].numpy(), k.numpy(), v.numpy(), 0, past + r + 1, EVERY_COLUMN, np.float32(hd ** -0.5),
+                   alone.numpy())
+            assert torch.equal(alone[0], together[r])
+        sdpa = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None, :, : past + n], v[None, :, : past + n],
+                                              attn_mask=seen, scale=hd ** -0.5, enable_gqa=True)
+        assert torch.allclose(together, sdpa[0].transpose(0, 1), atol=1e-5)
+
+
+def wide(make, dtype, monkeypatch, tmp_path, vocab: int = 16, **kw):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    model = make(vocab=vocab, **kw).to(dtype)
+    kernels.install(model)
+    assert decoder.decoder_for(model).wide
+    return model
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_wide_models_rows_are_its_one_row_forwards_bit_for_bit(make, dtype, monkeypatch, tmp_path):
+    """Chains, trees and a tree of more than 64 nodes (the kernels' plans switch only for prefills), after a
+    prefix longer than Gemma's sliding window: each row's logits are those of feeding its path one token at a
+    time."""
+    model = wide(make, dtype, monkeypatch, tmp_path)
+    rng = random.Random(0)
+    prefix = [rng.randrange(16) for _ in range(11)]
+    cache = engine.new_cache(model)
+    engine.forward_chain(model, cache, prefix, keep=0)
+    base = cache.length
+    big = [rng.randrange(16) for _ in range(70)]
+    cases = [([3, 5, 7, 5, 2], None), ([3, 5, 9, 7, 5, 2], [-1, 0, 0, 2, 3]), (big, None)]
+    for tokens, parents in cases:
+        got = engine.forward_tree(model, cache, tokens[0], tokens[1:], parents or list(range(-1, len(tokens) - 2)))
+        engine.crop(cache, base)
+        for i in range(len(tokens)):
+            path, node = [], i - 1
+            while node >= 0:
+                path.insert(0, tokens[node + 1])
+                node = (parents or list(range(-1, len(tokens) - 2)))[node]
+            for t in [tokens[0], *path][:-1]:
+                engine.forward_chain(model, cache, [t])
+            one = engine.forward_chain(model, cache, [([tokens[0], *path])[-1]])
+            engine.crop(cache, base)
+            assert torch.equal(one[0], got[i]), (len(tokens), i)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_wide_model_is_the_float32_model_with_16bit_weights(make, dtype, monkeypatch, tmp_path):
+    """Logits close to the float32 model's with the same (rounded) weights, through a prefill longer than 64 rows
+    (the tensor path) and then decoding steps (the compiled path), with float32 keys and values cached."""
+    model = wide(make, dtype, monkeypatch, tmp_path)
+    reference = make(vocab=16)
+    reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    tokens = [random.Random(1).randrange(16) for _ in range(90)]
+    cache = engine.new_cache(model)
+    engine.forward_chain(model, cache, tokens[:80], keep=0)
+    steps = torch.cat([engine.forward_chain(model, cache, [t]) for t in tokens[80:]])
+    want = engine.forward_chain(reference, engine.new_cache(reference), tokens)[80:]
+    assert cache.layers[0].keys.dtype == torch.float32
+    assert torch.allclose(steps, want, atol=1e-4)
+
+
+def test_kernels_torch_keeps_a_16bit_model_as_transformers_runs_it(monkeypatch, tmp_path):
+    model = tiny_llama(vocab=16).to(torch.bfloat16)
+    assert not decoder.decoder_for(model).wide  # plain bf16 nn.Linear layers: bf16 activations, the old path
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    kernels.install(model)
+    plans = kernels.load_plans()[kernels.machine_key()]
+    assert any(key.endswith(":bf16") for key in plans)  # plans keyed by dtype
+    assert all(s in kernels16.STRATEGIES16 for key, plan in plans.items() if key.endswith(":bf16")
+               for s in plan.values())
+
+
+# --- sampling: the target's law at 16 bits --------------------------------------------------------------------------
+
+
+def two_token_pvalue(target, drafter, cfg: SamplingConfig, n: int) -> float:
+    from test_engine import exact_two_token_distribution
+
+    prompt = [1, 4, 2]
+    expected = exact_two_token_distribution(target, prompt, cfg)
+    counts = torch.zeros(64)
+    for seed in range(n):
+        out = generate(target, prompt, drafter, max_new_tokens=3, sampling=cfg, seed=seed).tokens
+        counts[out[0] * 8 + out[1]] += 1
+    return chisquare_pvalue(counts, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sd_sampling_keeps_the_16bit_targets_law(dtype, monkeypatch, tmp_path):
+    from test_engine import RandomChainDrafter
+
+    target = wide(tiny_llama, dtype, monkeypatch, tmp_path, vocab=8, seed=0)
+    assert two_token_pvalue(target, RandomChainDrafter(tiny_llama(seed=1), k=3), SamplingConfig(1.0), 800) > 1e-3
+
+
+def test_tree_sampling_keeps_the_16bit_targets_law(monkeypatch, tmp_path):
+    from test_budget import TopTreeDrafter
+
+    target = wide(tiny_llama, torch.bfloat16, monkeypatch, tmp_path, vocab=8, seed=0)
+    cfg = SamplingConfig(temperature=0.7, top_k=3)
+    assert two_token_pvalue(target, TopTreeDrafter(tiny_llama(seed=0)), cfg, 800) > 1e-3
+
+
+# --- every method lossless against ar at 16 bits, on SmolLM2 ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_bf16():
+    target = api.load_model("smollm2-135m", dtype="bfloat16", device="cpu")
+    kernels.install(target.model)
+    assert decoder.decoder_for(target.model).wide
+    return target
+
+
+@pytest.fixture(scope="module")
+def bf16_cases(smollm2_bf16):
+    texts = [(CHAT_PROMPTS[0], False), ('import argparse\n\n\ndef main():\n    parser = argparse.ArgumentParser(', True)]
+    cases = []
+    for text, raw in texts:
+        ids = api.encode_prompt(smollm2_bf16, text, raw=raw, max_new_tokens=NEW_TOKENS)
+        cases.append((ids, api.run(smollm2_bf16, ids, api.make_drafter("ar", smollm2_bf16),
+                                   max_new_tokens=NEW_TOKENS).tokens))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def bf16_stores(smollm2_bf16, tmp_path_factory):
+    from specdec_cli.datastore import build_suffix_array_datastore, build_trigram_datastore
+    from specdec_cli.io.corpora import stdlib_files, tokenize_documents
+
+    wanted = [f for f in stdlib_files() if str(f).endswith("/argparse.py")]
+    docs = list(tokenize_documents(smollm2_bf16.tokenizer, [f.read_text(encoding="utf-8") for f in wanted],
+                                   max_tokens=None))
+    root = tmp_path_factory.mktemp("bf16-stores")
+    build_suffix_array_datastore(iter(docs), root / "sa", fingerprint=smollm2_bf16.fingerprint,
+                                 vocab_size=len(smollm2_bf16.tokenizer), progress=False)
+    build_trigram_datastore(iter(docs), root / "tri", fingerprint=smollm2_bf16.fingerprint,
+                            vocab_size=len(smollm2_bf16.tokenizer), progress=False)
+    return {"rest": str(root / "sa"), "aded": str(root / "tri"), "auto": [str(root / "sa"), str(root / "tri")]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,budget", [("auto", "auto"), ("auto", "paper"), ("sd", "paper"), ("self-verify", "auto"),
+                                           ("hsddw", "paper"), ("pld", "paper"), ("ngram-trie", "paper"),
+                                           ("rest", "paper"), ("aded", "paper")])
+def test_every_method_greedy_matches_ar_at_bfloat16(smollm2_bf16, bf16_cases, bf16_stores, method, budget):
+    drafts = []
+    if method in ("auto", "sd", "self-verify", "hsddw"):
+        drafts = [api.load_draft("int8:", smollm2_bf16)]
+    if method == "hsddw":  # M1 the int8 copy, M2 a bf16 copy (transformers' bf16 activations: another model)
+        drafts.append(api.load_draft("bf16:", smollm2_bf16))
+    drafter = api.make_drafter(method, smollm2_bf16, drafts, datastore=bf16_stores.get(method), budget=budget)
+    for ids, expected in bf16_cases:
+        result = api.run(smollm2_bf16, ids, drafter, max_new_tokens=NEW_TOKENS)
+        assert result.tokens == expected, method
+        s = result.summary()
+        assert s["accepted"] <= s["drafted"]
+
+
+@pytest.mark.slow
+def test_auto_greedy_matches_ar_at_float16():
+    target = api.load_model("smollm2-135m", dtype="float16", device="cpu")
+    kernels.install(target.model)
+    assert decoder.decoder_for(target.model).wide
+    drafter = api.make_drafter("auto", target, [api.load_draft("int8:", target)])
+    for text in CHAT_PROMPTS[:2]:
+        ids = api.encode_prompt(target, text, max_new_tokens=NEW_TOKENS)
+        expected = api.run(target, ids, api.make_drafter("ar", target), max_new_tokens=NEW_TOKENS).tokens
+        assert api.run(target, ids, drafter, max_new_tokens=NEW_TOKENS).tokens == expected
