@@ -194,3 +194,30 @@ def test_engine_vllm_without_vllm_installed_is_one_line():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdec: error: --engine vllm needs vLLM"), proc.stderr
+
+
+class FixedCost(StepCost):
+    """A step price that does not depend on the clock: a draft token pays above a 0.1 chance of acceptance."""
+
+    threshold, per_token, value = 0.1, 1e-3, 100.0
+
+    def observe(self, tokens: int, seconds: float, emitted: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_context_chain_follows_a_copied_edit_with_the_cursor(seed):
+    """An edit re-emits the prompt's lines with a token inserted in each (tests/test_copy_cursor.py): the most
+    recent occurrence of the tail is the wrong line, the copy cursor the right one. The proposer drafts from the
+    cursor (its calibration buckets) and needs no more steps than prompt lookup's choice of occurrence."""
+    from test_copy_cursor import pld_fn, synthetic_edit, trajectory
+
+    prompt, answer = synthetic_edit(seed=seed)
+    drafter = ChainDrafter([ContextChains()], None)
+    drafter.cost = FixedCost()  # the fake engine's step times are the proposer's own: noise, not a price
+    engine = FakeEngine(RowTracker(drafter, max_draft=10, max_model_len=MAX_LEN), rows=1)
+    engine.add(prompt, answer)
+    engine.run()
+    pld_steps, _ = trajectory(pld_fn(prompt), prompt, answer)
+    assert any(source == "context" and bucket >= 6 for source, bucket in drafter.calibration.cells)
+    assert engine.forwards <= pld_steps

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..drafting.output_memory import OutputMemory
-from ..drafting.sources import bucket_of, prior
+from ..drafting.ngram_index import CopyCursor
+from ..drafting.sources import bucket_of, cursor_bucket, prior
 from ..runtime.jit import njit
 
 CONTEXT_ROWS = 16  # occurrences of the context's longest tail read per lookup (auto's ContextSource)
+CONTEXT_LONGEST = 8  # longest tail n-gram the copy cursor resynchronises on (auto's max_ngram)
 MEMORY_ROWS = 32  # ... of the memory's (auto's MemorySource)
 STORE_MATCHES = 256  # suffix-array matches sampled per lookup (auto's SuffixArraySource)
 STORE_NGRAM = 16  # longest context tail the suffix array matches (REST's n_max)
@@ -97,11 +99,23 @@ class ChainSource:
 
 
 class ContextChains(ChainSource):
+    """The sequence's own text: where a :class:`CopyCursor` says the sequence is copying (an edit of code in its
+    prompt), the continuation of that occurrence, calibrated by how long the copy has held (:func:`cursor_bucket`);
+    else the most frequent path through the most recent occurrences of the longest tail n-gram (``auto``'s
+    :class:`~specdec_cli.drafting.sources.CopySource`, one chain instead of a tree)."""
+
     name = "context"
 
     def offer(self, seq, tokens, length):
-        n, rows = seq.index.lookup(tokens, length, CONTEXT_ROWS)
-        chain, raw = rows_chain(rows, prior(n))
+        if seq.cursor is None:
+            seq.cursor = CopyCursor(seq.index)
+        starts, _, n, run = seq.cursor.candidates(tokens, CONTEXT_ROWS, CONTEXT_LONGEST)
+        if not starts:
+            return None
+        if run > 0:
+            chain = seq.index.continuation(starts[0], length)
+            return Offer(self.name, cursor_bucket(run), chain, [prior(run)] * len(chain)) if chain else None
+        chain, raw = rows_chain(seq.index.rows(starts, length), prior(n))
         return Offer(self.name, bucket_of(n), chain, raw) if chain else None
 
 

@@ -44,6 +44,7 @@ class SeqState:
     offers: list[Offer] = field(default_factory=list)  # last step's chains, one per source
     sent: list[int] = field(default_factory=list)  # the chain the engine verifies
     sent_by: list[tuple[str, ...]] = field(default_factory=list)  # per sent token: the sources that offered it
+    cursor: object = None  # the context's CopyCursor (made by ContextChains on the first offer)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -109,11 +109,21 @@ def ray_environment(env_vars: dict) -> None:
         ray.init(runtime_env={"env_vars": env_vars})
 
 
+def quiet_import(module: str, name: str):
+    """``module.name``, imported with the warnings vLLM prints while it first imports held back (on the CPU build:
+    "Triton is installed, but doesn't include CPU backend"), so that an error stays one line."""
+    import contextlib
+    import importlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return getattr(importlib.import_module(module), name)
+
+
 def check_model(text, source: str, config) -> None:
     """A model vLLM cannot load is one line, before an engine starts (minutes): its architecture is known to
     vLLM's registry."""
-    from vllm import ModelRegistry
-
+    ModelRegistry = quiet_import("vllm", "ModelRegistry")
     archs = list(getattr(config, "architectures", None) or [])
     supported = set(ModelRegistry.get_supported_archs())
     if not archs or not any(a in supported for a in archs):
