@@ -13,14 +13,15 @@ Honesty rules the code follows (docs/bench.md has the exact metric definitions):
 
 The package: ``config`` (BenchConfig, Generation, the method list), ``runners`` (ours and transformers' baselines,
 the interleaved run, ``benchmark``), ``metrics`` (one definition of each metric, from
-:mod:`specdec_cli.engine.metrics`), ``records`` (the JSONL record, shard merging, history and ``--compare``) and
+:mod:`specdec_cli.engine.metrics`), ``records`` (the JSONL record, shard merging), ``history`` (``--out``, reading record files, ``--compare``) and
 ``report`` (tables and plots).
 """
 
 from ..io.prompts import load_prompts
 from .config import HF_BASELINES, RECORD_SCHEMA, REGRESSION_EXIT_CODE, BenchConfig, Generation, Runner, method_list
 from .metrics import first_divergence, identity_check, summarize, summarize_method
-from .records import (append_record, check_out_file, compare, has_regression, make_record, merge_records, read_records, record_problem)
+from .history import append_record, check_out_file, compare, has_regression, read_records, record_problem
+from .records import make_record, merge_records
 from .report import check_plot_path, comparison_text, plot_speedups, print_table
 from .runners import benchmark, datastore_for, make_runner, rotated, run_generations
 

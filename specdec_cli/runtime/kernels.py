@@ -39,7 +39,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
