@@ -68,7 +68,7 @@ def bench(
         from ..config import RunSettings, SamplingConfig
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
-        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)
+        RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked now
         names, options = split_methods(methods), {**parse_opts(opt), **({"memory_dir": memory} if memory else {})}
         labels = check_methods_and_options(names, options, compile, memory, engine)
         vllm = bench_vllm_settings(labels, engine, (tensor_parallel_size, pipeline_parallel_size,
@@ -80,7 +80,6 @@ def bench(
                               temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
                               datastore=list(datastore or []), window=window, options=options, threads=threads,
                               budget=budget, kernels=kernels, compile=compile, engine=engine, vllm=vllm)
-        cfg.settings = settings  # checked once, above
         if batch_size is None:
             return run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
         run_throughput(lib, cfg, batch_size, names, out, (resume, compare_to, plot), as_json)

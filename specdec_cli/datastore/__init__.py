@@ -33,6 +33,8 @@ class Kind:
     name: str
     builder: str  # "module:function" in this package: (token_docs, out, *, fingerprint, ...) -> BuildSummary
     store: str  # "module:Class" in this package, with ``load(folder, fingerprint=None, verify=False)``
+    source: str  # "module:Class" of auto's draft source for it (``Source.for_store(store, top_c)``)
+    chains: str  # "module:Class" of the chain drafter's source for it (the vLLM proposer: ``Class(store)``)
     build_options: tuple[str, ...] = ()  # pipeline options this kind's builder takes
 
     def build(self, *args, **kwargs):
@@ -40,6 +42,14 @@ class Kind:
 
     def load(self, folder, fingerprint: str | None = None, verify: bool = False):
         return _attr(self.store).load(folder, fingerprint=fingerprint, verify=verify)
+
+    def auto_source(self):
+        """The class of ``auto``'s source drafting from this kind (imported when a drafter is built)."""
+        return _attr(self.source)
+
+    def chain_source(self):
+        """The class of the chain drafter's source for this kind (:mod:`specdec_cli.serving`)."""
+        return _attr(self.chains)
 
 
 def _attr(spec: str):
@@ -49,8 +59,10 @@ def _attr(spec: str):
 
 KINDS = {
     SUFFIX_ARRAY: Kind(SUFFIX_ARRAY, ".suffix_array.build:build_suffix_array_datastore",
-                       ".suffix_array.retrieval:SuffixArrayDatastore", ("shard_bytes", "token_bar")),
-    TRIGRAM: Kind(TRIGRAM, ".trigram.store:build_trigram_datastore", ".trigram.matrix:TrigramMatrix"),
+                       ".suffix_array.retrieval:SuffixArrayDatastore", "..drafting.sources:SuffixArraySource",
+                       "..serving.chain_sources:SuffixArrayChains", ("shard_bytes", "token_bar")),
+    TRIGRAM: Kind(TRIGRAM, ".trigram.store:build_trigram_datastore", ".trigram.matrix:TrigramMatrix",
+                  "..drafting.sources:TrigramSource", "..serving.chain_sources:TrigramChains"),
 }
 DEFAULT_KIND = SUFFIX_ARRAY
 LAZY = {"build_suffix_array_datastore": KINDS[SUFFIX_ARRAY].builder, "SuffixArrayDatastore": KINDS[SUFFIX_ARRAY].store,

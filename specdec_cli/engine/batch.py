@@ -22,19 +22,19 @@ neighbours, on the batch size, nor -- for drafts fixed before the target draws -
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from ..runtime import forward
 from ..runtime.batch_cache import BatchCache, RowView
-from . import trees
-from .budget import StepPlan
-from .loop import Draft, Drafter, GenerationResult, Outcome, StepStats, fit_draft, vocab_size
+from .drafter import Drafter, GenerationResult, vocab_size
 from .sampling import Draws, SamplingConfig
-from .verify import verify_rejection, verify_tree
+from .sequence import CACHE_SLACK, Sequence
+
+WIDEST_PAPER_DRAFT = 64  # REST's top-64 tree, the largest fixed draft a method verifies (--budget paper); the
+#                          cache is sized for it up front and grows past it when a node-limit budget asks more
+LEARNED_WIDTHS = 9  # forward-time corrections per query width up to 9; wider steps are rare and share the last one
 
 
 class BatchShare:
@@ -59,11 +59,11 @@ class LearnedTimes:
         self.factor: dict[int, float] = {}
 
     def __call__(self, rows: int, width: int) -> float:
-        return self.table(rows, width) * self.factor.get(min(width, 9), self.factor.get(1, 1.0))
+        return self.table(rows, width) * self.factor.get(min(width, LEARNED_WIDTHS), self.factor.get(1, 1.0))
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         if self.learn and seconds > 0:
-            key, ratio = min(width, 9), seconds / self.table(rows, width)
+            key, ratio = min(width, LEARNED_WIDTHS), seconds / self.table(rows, width)
             old = self.factor.get(key)
             self.factor[key] = ratio if old is None else (1 - self.EMA) * old + self.EMA * ratio
 
@@ -73,124 +73,37 @@ def flat_times(profile):
     return lambda rows, width: profile(rows * width)
 
 
-@dataclass
-class Slot:
-    """One sequence in the batch."""
-
-    index: int  # its prompt's position in the input
-    prompt: list[int]
-    drafter: Drafter
-    view: RowView
-    generator: torch.Generator
-    draws: Draws
-    t_start: float
-    prefill_s: float = 0.0
-    tokens: list[int] = field(default_factory=list)
-    out: list[int] = field(default_factory=list)
-    steps: list[StepStats] = field(default_factory=list)
-    stopped_by: str = "length"
-    plan: StepPlan | None = None
-    draft: Draft | None = None
-    drafting: bool = False
-    draft_s: float = 0.0
-
-
 def _admit(target, cache: BatchCache, row: int, index: int, prompt: list[int], drafter: Drafter, share: BatchShare,
-           sampling: SamplingConfig, seed: int) -> Slot:
+           sampling: SamplingConfig, seed: int) -> Sequence:
     """Prefill ``prompt`` on its own (one-sequence cache) and move it into row ``row``."""
     t0 = time.perf_counter()
-    single = forward.new_cache(target, len(prompt) + 8)
+    single = forward.new_cache(target, len(prompt) + CACHE_SLACK)
     if len(prompt) > 1:
         forward.forward_chain(target, single, prompt[:-1], keep=0)
     cache.load_row(row, single, len(prompt) - 1)
-    generator = torch.Generator().manual_seed(seed)
-    slot = Slot(index, list(prompt), drafter, RowView(cache, row), generator, Draws(seed), t0, tokens=list(prompt))
-    drafter.budget.profile = share
-    drafter.budget.start(sampled=not sampling.greedy)
-    drafter.use_target_cache(slot.view)
-    drafter.start(list(prompt), sampling, generator)
-    slot.prefill_s = time.perf_counter() - t0
-    return slot
+    seq = Sequence(index, list(prompt), drafter, RowView(cache, row), torch.Generator().manual_seed(seed),
+                   Draws(seed), t0, tokens=list(prompt))
+    drafter.budget.profile = share  # the row's price of a forward: its share of the batch's
+    seq.begin(sampling)
+    seq.prefill_s = time.perf_counter() - t0
+    return seq
 
 
-def _hopeless(budget, share: BatchShare) -> bool:
-    """Whether even a draft token sure to be accepted costs more than it yields: one more query position per row
-    (priced at the row's share of the batch) is worth more time than a token at the current value of time. Then
-    the row does not draft at all (no drafting time either) -- a batch that fills the machine decodes plainly."""
-    return budget.adaptive and budget.value * (share(2) - share(1)) >= 1.0
-
-
-def _propose(slot: Slot, share: BatchShare, max_new_tokens: int, vocab: int) -> None:
-    t0 = time.perf_counter()
-    budget, drafter = slot.drafter.budget, slot.drafter
-    slot.drafting = budget.should_draft() and not _hopeless(budget, share)
-    room = budget.draft_limit(max_new_tokens - len(slot.out) - 1)
-    slot.plan = budget.select(drafter.propose(slot.tokens, room) if slot.drafting else Draft())
-    slot.draft = fit_draft(slot.plan.draft, None, vocab, drafter.name)
-    slot.draft_s = time.perf_counter() - t0
-
-
-def _expected(slot: Slot) -> np.ndarray:
-    """Expected tokens emitted by the slot's step when its draft is cut to its first ``m`` nodes, for every ``m``."""
-    draft = slot.draft
-    if not len(draft):
-        return np.ones(1)
-    probs = trees.path_probs(draft.parents, slot.drafter.budget.calibrated(draft))
-    return np.concatenate([[1.0], 1.0 + np.cumsum(probs)])
-
-
-def choose_width(slots: list[Slot], times) -> int:
+def choose_width(seqs: list[Sequence], times) -> int:
     """The query width (root + draft nodes per row) maximising expected tokens per second of the whole step.
     A sampled chain (rejection sampling) is never cut: its length was decided causally."""
-    sizes = [1 + len(s.draft) for s in slots]
-    floor = max([1 + len(s.draft) for s in slots if s.draft.q_draft is not None], default=1)
-    expected = [_expected(s) for s in slots]
+    sizes = [1 + len(s.draft) for s in seqs]
+    floor = max([1 + len(s.draft) for s in seqs if s.draft.q_draft is not None], default=1)
+    expected = [s.expected() for s in seqs]
     best, best_rate = max(sizes), -1.0
     for width in sorted(set(sizes)):
         if width < floor:
             continue
         gain = sum(float(e[min(width, len(e)) - 1]) for e in expected)
-        rate = gain / times(len(slots), width)
+        rate = gain / times(len(seqs), width)
         if rate > best_rate + 1e-12:
             best, best_rate = width, rate
     return best
-
-
-def _cut(slot: Slot, width: int, share: BatchShare) -> None:
-    if len(slot.draft) > width - 1:
-        slot.draft = slot.draft.subtree(range(width - 1))
-    expected = float(_expected(slot)[-1])
-    slot.plan = StepPlan(slot.draft, expected, share(width))
-
-
-def _settle(slot: Slot, logits: torch.Tensor, sampling: SamplingConfig, stop_ids, max_new_tokens: int,
-            verify_s: float) -> list[int]:
-    """Verify the slot's draft against its logits; returns the rows of its query to keep."""
-    draft = slot.draft
-    position = len(slot.tokens)
-    if draft.q_draft is not None:
-        path, nxt = verify_rejection(logits, draft.tokens, draft.q_draft, sampling, slot.generator)
-    else:
-        path, nxt = verify_tree(logits, draft.tokens, draft.parents, sampling, slot.generator,
-                                draws=slot.draws, position=position)
-    budget = slot.drafter.budget
-    budget.observe(slot.plan, path, draft.cost_s if not budget.draft_cost else slot.draft_s, slot.drafting)
-    accepted = [draft.tokens[i] for i in path]
-    new = accepted + [nxt]
-    slot.tokens.extend(new)
-    slot.drafter.accept(slot.tokens, Outcome(draft, path, accepted, nxt, logits))
-    slot.steps.append(StepStats(len(draft), len(accepted), len(new), slot.draft_s, verify_s))
-    stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
-    if stop_at is not None:
-        new, slot.stopped_by = new[:stop_at], "eos"
-    slot.out.extend(new[: max_new_tokens - len(slot.out)])
-    return [0] + [i + 1 for i in path]
-
-
-def _result(slot: Slot, now: float) -> GenerationResult:
-    extra = {**slot.drafter.stats(), **slot.drafter.budget.stats(), "latency_s": now - slot.t_start}
-    return GenerationResult(slot.prompt, slot.out, slot.steps, slot.prefill_s, now - slot.t_start, slot.stopped_by,
-                            extra=extra)
 
 
 def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *, max_new_tokens: int,
@@ -218,15 +131,16 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
 def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids, on_result, on_step,
             times) -> list[GenerationResult]:
     results: list[GenerationResult | None] = [None] * len(prompts)
-    width_limit = 1 + max(64, max((d.budget.mode for d in drafters if isinstance(d.budget.mode, int)), default=0))
-    capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + 8
+    width_limit = 1 + max(WIDEST_PAPER_DRAFT, max((d.budget.mode for d in drafters if isinstance(d.budget.mode, int)),
+                                                  default=0))
+    capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + CACHE_SLACK
     rows = min(len(drafters), len(prompts))
     cache = BatchCache(target, rows, capacity)
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab = vocab_size(target)
     waiting = list(range(len(prompts)))[::-1]
-    slots: list[Slot | None] = [None] * rows
+    slots: list[Sequence | None] = [None] * rows
     free = list(drafters[:rows])
     while True:
         for row in range(cache.rows):
@@ -239,23 +153,23 @@ def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids,
         if not live:
             break
         share.rows = len(live) if sampling.greedy else len(drafters)  # sampled: prices never depend on the others
-        for slot in live:
-            _propose(slot, share, max_new_tokens, vocab)
+        for seq in live:
+            seq.propose(max_new_tokens, vocab, share)
         width = choose_width(live, times)
-        for slot in live:
-            _cut(slot, width, share)
+        for seq in live:
+            seq.cut(width, share(width))
         t0 = time.perf_counter()
         logits = cache.forward(target, [([s.tokens[-1], *s.draft.tokens], s.draft.parents) for s in live])
         verify_s = time.perf_counter() - t0
         times.observe(len(live), width, verify_s)
-        keep = [_settle(s, lg, sampling, stop_ids, max_new_tokens, verify_s) for s, lg in zip(live, logits)]
+        keep = [s.settle(lg, sampling, stop_ids, max_new_tokens, verify_s)[0] for s, lg in zip(live, logits)]
         cache.keep_paths(keep)
         if on_step:
             on_step(len(live), time.perf_counter() - t0)
         now = time.perf_counter()
         for row, slot in enumerate(slots):
-            if slot is not None and (slot.stopped_by == "eos" or len(slot.out) >= max_new_tokens):
-                results[slot.index] = _result(slot, now)
+            if slot is not None and slot.done(max_new_tokens):
+                results[slot.index] = slot.result(now, latency_s=now - slot.t_start)
                 if on_result:
                     on_result(slot.index, results[slot.index])
                 free.append(slot.drafter)

@@ -1,234 +1,56 @@
-"""The decoding loop every method shares, the drafter interface, and per-step statistics.
+"""The decoding loop of one sequence: a batch of one of :mod:`specdec_cli.engine.sequence`'s step.
 
-A drafter (cf. transformers' ``CandidateGenerator``) has two methods: ``propose`` a draft for the current
-sequence, and ``accept`` -- learn from what the target accepted. The loop is the same for every method:
+A drafter (cf. transformers' ``CandidateGenerator``, :mod:`specdec_cli.engine.drafter`) has two methods:
+``propose`` a draft for the current sequence, and ``accept`` -- learn from what the target accepted. Every
+method and both loops (this one, and :mod:`specdec_cli.engine.batch` for many sequences) run the same step:
 
-    draft  = drafter.propose(tokens, budget)            # chain or tree, maybe with q_draft
-    logits = forward_tree(target, cache, root, draft)   # one target pass
-    path, y = verify(...)                               # exact acceptance
-    keep(cache, path); tokens += accepted + [y]; drafter.accept(...)
+    draft  = seq.propose(...)                           # drafter.propose, priced and cut by the budget
+    logits = forward_tree(target, cache, root, draft)   # one target pass, [1 + n, V]
+    rows, emitted = seq.settle(logits, ...)             # exact acceptance; keep(cache, rows); drafter.accept
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..runtime import forward
 from ..runtime.cache_mode import CacheMode
-from . import metrics
-from .budget import Budget
-from ..errors import SpecdecError
+from .drafter import (Draft, Drafter, GenerationResult, Outcome, StepStats, cut_at_stop, fit_draft,  # noqa: F401
+                      vocab_size)  # the drafter interface, re-exported: methods import it from the loop they run in
 from .sampling import Draws, SamplingConfig
-from .trees import Draft
-from .verify import verify_rejection, verify_tree
+from .sequence import CACHE_SLACK, Sequence
 
-__all__ = ["Draft", "Outcome", "Drafter", "StepStats", "GenerationResult", "generate"]
-
-
-@dataclass
-class Outcome:
-    """What one verification step decided, handed to ``Drafter.accept``."""
-
-    draft: Draft
-    path: list[int]  # accepted draft node indices, root to leaf
-    accepted: list[int]  # their tokens
-    next_token: int  # token drawn by the target after the accepted ones (correction or bonus)
-    logits: torch.Tensor | None = None  # target logits [1 + n, V] of this step (row 0 = root)
-
-
-class Drafter:
-    """Base drafter: proposes nothing (that is autoregressive decoding).
-
-    ``budget`` decides how much of each draft is verified (``specdec_cli.engine.budget``); model drafters also ask it
-    whether one more draft token is worth a draft-model forward. Without one, drafts are verified whole.
-    """
-
-    name = "ar"
-    _budget: Budget | None = None
-    gated_by_budget = True  # False: the budget never skips drafting (the drafter gates its own costly sources)
-    calibrated_scores = False  # True: its scores are calibrated acceptance estimates already; the budget keeps them
-    cache_mode: CacheMode | None = None  # the engine path its budget was priced for (api.make_drafter sets it)
-
-    @property
-    def budget(self) -> Budget:
-        if self._budget is None:
-            self._budget = Budget("paper")
-        return self._budget
-
-    @budget.setter
-    def budget(self, budget: Budget) -> None:
-        self._budget = budget
-
-    def start(self, prompt: list[int], cfg: SamplingConfig, generator: torch.Generator | None) -> None:
-        """Called once per generation before the first step."""
-        self.cfg, self.generator = cfg, generator
-
-    def propose(self, tokens: list[int], max_tokens: int) -> Draft:
-        return Draft()
-
-    def accept(self, tokens: list[int], outcome: Outcome) -> None:
-        """``tokens`` already include the accepted tokens and the next token."""
-
-    def use_target_cache(self, cache) -> None:
-        """Called before ``start`` with the target's KV cache of this generation (it holds ``tokens[:-1]`` between
-        steps; ``cache.mode`` is the generation's engine path). Drafters whose draft model is a copy of the target
-        read their prefix states from it; draft models follow it onto the target's path."""
-
-    def share_with(self, first: "Drafter") -> None:
-        """Another slot's drafter in a batch (``api.make_drafters``): share with ``first`` what is learnt about the
-        run's outputs, so every slot benefits (``auto``: its memory of outputs)."""
-
-    def stats(self) -> dict:
-        """Method-specific statistics for the whole generation (merged into the result's stats)."""
-        return {}
-
-    def finish(self) -> None:
-        """Called once after the last generation: drafters that learn (``aded --save-adapted``) save it now."""
-
-    def state(self) -> dict | None:
-        """What this drafter learnt across generations (its budget's state aside), as JSON data -- ``bench``
-        checkpoints it after each finished unit so that ``--resume`` continues exactly; None: it learns nothing
-        that outlives a generation."""
-        return None
-
-    def load_state(self, state: dict | None) -> None:
-        """Continue from :meth:`state`'s answer. The data comes from a file: check it (ValueError, KeyError or
-        TypeError for data that is not one); it must never be able to do more than cost speed."""
-
-
-@dataclass
-class StepStats:
-    drafted: int
-    accepted: int
-    new_tokens: int
-    draft_s: float
-    verify_s: float
-
-
-@dataclass
-class GenerationResult:
-    prompt_tokens: list[int]
-    tokens: list[int]  # generated tokens (stop token excluded)
-    steps: list[StepStats]
-    prefill_s: float
-    total_s: float
-    stopped_by: str  # "eos" or "length"
-    extra: dict = field(default_factory=dict)
-
-    def summary(self) -> dict:
-        n = len(self.tokens)
-        steps = len(self.steps)
-        drafted = sum(s.drafted for s in self.steps)
-        accepted = sum(s.accepted for s in self.steps)
-        emitted = sum(s.new_tokens for s in self.steps)
-        return {
-            "new_tokens": n,
-            "prompt_tokens": len(self.prompt_tokens),
-            "target_forwards": steps,
-            "drafted": drafted,
-            "accepted": accepted,
-            "acceptance_rate": metrics.acceptance_rate(accepted, drafted),
-            "mean_accepted_length": metrics.mean_accepted_length(emitted, steps) or 0.0,
-            "redundancy_sigma": metrics.sigma(accepted, drafted),
-            "target_utilisation_eta": metrics.eta(steps, emitted),
-            "draft_s": sum(s.draft_s for s in self.steps),
-            "verify_s": sum(s.verify_s for s in self.steps),
-            "prefill_s": self.prefill_s,
-            "total_s": self.total_s,
-            "tokens_per_s": n / self.total_s if self.total_s > 0 else 0.0,
-            "stopped_by": self.stopped_by,
-            **self.extra,
-        }
-
-
-def vocab_size(model) -> int:
-    """Rows of the input embedding: token ids at or above it are not tokens of this model."""
-    try:
-        return int(model.get_input_embeddings().num_embeddings)
-    except (AttributeError, TypeError, NotImplementedError):
-        return int(getattr(getattr(model, "config", None), "vocab_size", None) or 2**62)
-
-
-def cut_at_stop(tokens: list[int], stop_ids) -> list[int]:
-    """Tokens before the first stop token: other engines (transformers, vLLM) keep it in their output and this
-    loop does not -- compare like with like."""
-    for i, tok in enumerate(tokens):
-        if tok in stop_ids:
-            return tokens[:i]
-    return tokens
-
-
-def fit_draft(draft: Draft, max_nodes: int | None, vocab: int, name: str) -> Draft:
-    """The draft cut to ``max_nodes`` (nodes come after their parents: a prefix is a tree); a token outside the
-    vocabulary is a user error."""
-    if max_nodes is not None and len(draft) > max_nodes:
-        draft = draft.subtree(range(max_nodes))
-    if draft.tokens and not 0 <= min(draft.tokens) <= max(draft.tokens) < vocab:
-        bad = next(t for t in draft.tokens if not 0 <= t < vocab)
-        raise SpecdecError(f"{name}: drafted token id {bad} is outside the model's vocabulary of {vocab} "
-                           "(corrupt datastore? check it with `specdec build-datastore --verify --out DIR`)")
-    return draft
+__all__ = ["Draft", "Outcome", "Drafter", "StepStats", "GenerationResult", "generate", "cut_at_stop"]
 
 
 def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
              stop_ids: set[int] | frozenset[int] = frozenset(), on_tokens: Callable[[list[int]], None] | None = None,
              cache_mode: CacheMode = CacheMode.EAGER) -> GenerationResult:
-    """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM).
+    """Decode up to ``max_new_tokens`` after ``prompt`` with ``target`` (a transformers causal LM): one
+    :class:`Sequence` through a one-sequence cache.
 
     ``cache_mode``: ``EAGER`` (growing cache), ``STATIC`` (static cache, bucketed forwards) or ``COMPILED`` (the
     same, compiled: CUDA graphs on a GPU) -- :mod:`specdec_cli.runtime.cache_mode`. The output is the same."""
-    generator = torch.Generator().manual_seed(seed)
-    draws = Draws(seed)  # tree verification draws position by position (the same in a batch: engine.batch)
-    budget = drafter.budget
-    vocab = vocab_size(target)
     t_start = time.perf_counter()
-    cache = forward.new_cache(target, len(prompt) + max_new_tokens + 8, cache_mode)
-    max_nodes = cache.max_draft_nodes  # a static cache: the root and the draft fill one bucket
-    tokens = list(prompt)
-    if len(tokens) > 1:
-        forward.forward_chain(target, cache, tokens[:-1], keep=0)
-    budget.start(sampled=not sampling.greedy)
-    drafter.use_target_cache(cache)
-    drafter.start(list(prompt), sampling, generator)
-    prefill_s = time.perf_counter() - t_start
-    out: list[int] = []
-    steps: list[StepStats] = []
-    stopped_by = "length"
-    while len(out) < max_new_tokens:
-        t0 = time.perf_counter()
-        drafting = budget.should_draft()
-        room = budget.draft_limit(max_new_tokens - len(out) - 1)
-        plan = budget.select(drafter.propose(tokens, room) if drafting else Draft())
-        draft = fit_draft(plan.draft, max_nodes, vocab, drafter.name)
+    cache = forward.new_cache(target, len(prompt) + max_new_tokens + CACHE_SLACK, cache_mode)
+    if len(prompt) > 1:
+        forward.forward_chain(target, cache, list(prompt[:-1]), keep=0)
+    seq = Sequence(0, list(prompt), drafter, cache, torch.Generator().manual_seed(seed), Draws(seed), t_start,
+                   tokens=list(prompt))
+    seq.begin(sampling)
+    seq.prefill_s = time.perf_counter() - t_start
+    vocab, share = vocab_size(target), drafter.budget.profile  # alone: the sequence pays the whole forward
+    while not seq.done(max_new_tokens):
+        draft = seq.propose(max_new_tokens, vocab, share, cache.max_draft_nodes)  # a static cache: one bucket
         t1 = time.perf_counter()
-        prefix_len = len(tokens) - 1
-        logits = forward.forward_tree(target, cache, tokens[-1], draft.tokens, draft.parents)
-        if draft.q_draft is not None:
-            path, nxt = verify_rejection(logits, draft.tokens, draft.q_draft, sampling, generator)
-        else:
-            path, nxt = verify_tree(logits, draft.tokens, draft.parents, sampling, generator, draws, len(tokens))
-        forward.keep(cache, prefix_len, [0] + [i + 1 for i in path])
-        t2 = time.perf_counter()
-        budget.observe(plan, path, draft.cost_s if not budget.draft_cost else t1 - t0, drafting)
-        accepted = [draft.tokens[i] for i in path]
-        new = accepted + [nxt]
-        tokens.extend(new)
-        drafter.accept(tokens, Outcome(draft, path, accepted, nxt, logits))
-        steps.append(StepStats(len(draft), len(accepted), len(new), t1 - t0, t2 - t1))
-        stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
-        if stop_at is not None:
-            new = new[:stop_at]
-            stopped_by = "eos"
-        new = new[: max_new_tokens - len(out)]
-        out.extend(new)
-        if on_tokens and new:
-            on_tokens(new)
-        if stopped_by == "eos":
-            break
-    return GenerationResult(list(prompt), out, steps, prefill_s, time.perf_counter() - t_start, stopped_by,
-                            extra={**drafter.stats(), **budget.stats()})
+        prefix_len = len(seq.tokens) - 1
+        logits = forward.forward_tree(target, cache, seq.tokens[-1], draft.tokens, draft.parents)  # [1 + n, V]
+        _, emitted = seq.settle(logits, sampling, stop_ids, max_new_tokens, time.perf_counter() - t1,
+                                keep=lambda rows: forward.keep(cache, prefix_len, rows))
+        if on_tokens and emitted:
+            on_tokens(emitted)
+    return seq.result(time.perf_counter())

@@ -18,13 +18,13 @@ import time
 
 import numpy as np
 
-from ..datastore import SUFFIX_ARRAY
+from ..datastore import KINDS
 from ..engine import trees
 from ..engine.loop import Draft, Drafter, Outcome
 from ..drafting.draft_model import DraftModel, confidence, draft_model_for
 from ..drafting.gate import Gate
 from ..drafting.output_memory import OutputMemory
-from ..drafting.sources import ContextSource, MemorySource, Source, SuffixArraySource, TrigramSource, rows_to_draft
+from ..drafting.sources import ContextSource, MemorySource, Source, rows_to_draft
 from ..drafting.union import SourceCalibration, UnionTree, best_subtree, normalise_siblings
 from ..errors import SpecdecError
 
@@ -74,17 +74,14 @@ class AutoDrafter(Drafter):
             dm.use_target_cache(cache)
 
     def share_with(self, first) -> None:
-        if self.memory is None or getattr(first, "memory", None) is None:
-            return
-        for source in self.sources:
-            if isinstance(source, MemorySource):
-                source.memory = first.memory
-        self.memory, self.memory_dir = first.memory, None  # the first drafter saves it
+        for mine, theirs in zip(self.sources, first.sources):  # the same options: the same sources in order
+            mine.share_with(theirs)
+        if self.memory is not None and first.memory is not None:
+            self.memory, self.memory_dir = first.memory, None  # the first drafter saves it
 
     def finish(self) -> None:
         for source in self.sources:
-            if isinstance(source, MemorySource):
-                source.flush()
+            source.finish()
         if self.memory is not None and self.memory_dir:
             self.memory.save(self.memory_dir, self.fingerprint)
 
@@ -92,44 +89,39 @@ class AutoDrafter(Drafter):
 
     def state(self) -> dict:
         """Everything that carries over from one generation to the next: the per-(source, bucket) calibration,
-        the gates, the memory of earlier outputs (with the generation that joins it at the next start) and the
-        tri-gram sources' adapted rows."""
-        memory_sources = [s for s in self.sources if isinstance(s, MemorySource)]
-        return {
-            "calibration": self.calibration.state(),
-            "gates": {name: gate.state() for name, gate in self.gates.items()},
-            "memory": self.memory.state() if self.memory is not None else None,
-            "pending": [None if s.prompt is None or s.sequence is None else
-                        [list(s.prompt), list(s.sequence[len(s.prompt):])] for s in memory_sources],
-            "trigram": [s.matrix.overlay_state() for s in self.sources if isinstance(s, TrigramSource)],
-        }
+        the gates, the memory of earlier outputs, and each source's own state under its ``state_key`` (the
+        generation that joins the memory at the next start, the tri-gram sources' adapted rows)."""
+        out = {"calibration": self.calibration.state(), "gates": {name: gate.state() for name, gate in self.gates.items()},
+               "memory": self.memory.state() if self.memory is not None else None}
+        for key, sources in self._keyed().items():
+            out[key] = [s.state() for s in sources]
+        return out
+
+    def _keyed(self) -> dict[str, list[Source]]:
+        keyed: dict[str, list[Source]] = {}
+        for source in self.sources:
+            if source.state_key:
+                keyed.setdefault(source.state_key, []).append(source)
+        return keyed
 
     def load_state(self, state: dict) -> None:
-        from ..drafting.output_memory import token_list
-
         cells = SourceCalibration.cells_of(state["calibration"])
         gates = state["gates"]
         if not isinstance(gates, dict) or set(gates) != set(self.gates):
             raise ValueError("gates of other sources")
-        memory_sources = [s for s in self.sources if isinstance(s, MemorySource)]
-        trigram_sources = [s for s in self.sources if isinstance(s, TrigramSource)]
-        pending, trigram = state["pending"], state["trigram"]
-        if (state["memory"] is None) != (self.memory is None) or len(pending) != len(memory_sources) \
-                or len(trigram) != len(trigram_sources):
+        keyed = self._keyed()
+        extra = set(state) - {"calibration", "gates", "memory", *keyed}
+        if (state["memory"] is None) != (self.memory is None) or any(state[k] for k in extra) \
+                or any(len(state.get(k) or []) != len(sources) for k, sources in keyed.items()):
             raise ValueError("state of other sources")
         for name, gate in self.gates.items():
             gate.load_state(gates[name])
         self.calibration.cells = cells
         if self.memory is not None:
             self.memory.load_state(state["memory"])
-        for source, item in zip(memory_sources, pending):
-            if item is None:
-                source.prompt = source.sequence = None
-            else:
-                prompt, output = token_list(item[0]), token_list(item[1])
-                source.prompt, source.sequence = prompt, prompt + output
-        for source, rows in zip(trigram_sources, trigram):
-            source.matrix.load_overlay_state(rows)
+        for key, sources in keyed.items():
+            for source, data in zip(sources, state[key]):
+                source.load_state(data)
 
     # -- drafting -------------------------------------------------------------------------------------------------
 
@@ -284,8 +276,7 @@ def build(ctx) -> Drafter:
         raise SpecdecError("--memory DIR needs the memory on (drop --opt memory=0)")
     for folder in ctx.datastores:
         kind, store = ctx.store(folder)
-        sources.append(SuffixArraySource(store, top_c=ctx.opt("top_c")) if kind == SUFFIX_ARRAY
-                       else TrigramSource(store))
+        sources.append(KINDS[kind].auto_source().for_store(store, top_c=ctx.opt("top_c")))
     names = [s.name for s in sources]
     for name in set(names):  # two stores of one kind: tell their statistics apart
         if names.count(name) > 1:

@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from . import ENV
-from .chain_sources import ContextChains, MemoryChains, SuffixArrayChains, TrigramChains, rows_chain
+from .chain_sources import ContextChains, MemoryChains, rows_chain
 from .chains import ChainDrafter
 from .rows import RowTracker
 
@@ -37,7 +37,7 @@ def read_settings() -> dict:
 def build_drafter(settings: dict, vocab_size: int) -> ChainDrafter:
     """The chain drafter ``settings`` describe: the memory (loaded from its folder when given) and every
     datastore, opened once for all the sequences the engine serves."""
-    from ..datastore import SUFFIX_ARRAY, open_store
+    from ..datastore import KINDS, open_store
     from ..drafting.output_memory import MAX_TOKENS, OutputMemory
 
     sources, memory = [], None
@@ -51,7 +51,7 @@ def build_drafter(settings: dict, vocab_size: int) -> ChainDrafter:
     stores = []
     for folder in settings["datastores"]:
         kind, store = open_store(folder, settings["fingerprint"] or None)
-        stores.append(SuffixArrayChains(store) if kind == SUFFIX_ARRAY else TrigramChains(store))
+        stores.append(KINDS[kind].chain_source()(store))
     names = [s.name for s in stores]
     for s in stores:  # two stores of one kind: tell their statistics apart (as auto does)
         if names.count(s.name) > 1:
