@@ -66,3 +66,18 @@ def test_commands_do_not_import_the_app():
     """Commands share helpers through commands/common.py; only cli.py builds the app (no hidden cycle)."""
     for path in (ROOT / "specdec_cli" / "commands").glob("*.py"):
         assert "from ..cli import" not in path.read_text(), path
+
+
+def test_every_datastore_kind_names_its_sources():
+    """A kind of datastore brings its own draft sources (auto's and the vLLM proposer's): nothing else picks a
+    class by kind, so a third kind cannot silently draft through another kind's source."""
+    from specdec_cli.datastore import KINDS
+    from specdec_cli.drafting.sources import Source
+
+    for kind in KINDS.values():
+        assert issubclass(kind.auto_source(), Source) and callable(kind.auto_source().for_store)
+        assert kind.chain_source().name
+    names = {kind.auto_source() for kind in KINDS.values()}
+    assert len(names) == len(KINDS)
+    source = (ROOT / "specdec_cli" / "methods" / "auto.py").read_text()
+    assert "isinstance(source" not in source and "SUFFIX_ARRAY" not in source
