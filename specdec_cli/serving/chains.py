@@ -83,7 +83,7 @@ class ChainDrafter:
         self.seqs: dict[int, SeqState] = {}
         self.calibration = SourceCalibration()
         self.cost = StepCost()
-        self.gates = {s.name: Gate() for s in self.sources}
+        self.gates = {s.name: Gate() for s in self.sources if s.gated}  # the context is never gated (as in auto)
         self.pending: dict[tuple[str, int], tuple[list, list, list]] = {}  # calibration observations to add
         self.reset_stats()
 
@@ -191,8 +191,8 @@ class ChainDrafter:
             if source.name == "context" and not self.context:
                 continue
             row = self._row(source.name)
-            gate = self.gates[source.name]
-            if not gate.open():
+            gate = self.gates.get(source.name)
+            if gate is not None and not gate.open():
                 row["gated_steps"] += 1
                 continue
             t0 = time.perf_counter()
