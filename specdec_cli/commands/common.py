@@ -14,8 +14,8 @@ import typer
 
 from ..errors import SpecdecError
 from ..config import MAX_BATCH_FILE_BYTES, MAX_PROMPT_BYTES, check_prompt_size
+from ..io.bounded import read_chunks
 
-READ_CHUNK = 1 << 20  # prompts are read a MiB at a time: Ctrl-C is seen between chunks
 
 
 def die(message: str, code: int = 2) -> None:
@@ -102,18 +102,6 @@ def read_prompt_lines(path: str, option: str) -> list[str]:
     for i, line in enumerate(lines):
         check_prompt_size(line, f"prompt {i + 1} of {option} {path}")
     return lines
-
-
-def read_chunks(stream, limit: int) -> bytes:
-    """At most ``limit + 1`` bytes of ``stream``, read a chunk at a time (one more than ``limit``: too large)."""
-    parts, size = [], 0
-    while size <= limit:
-        chunk = stream.read(min(READ_CHUNK, limit + 1 - size))
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-    return parts[0][:0].join(parts) if parts else b""  # bytes, or text from a text-only stream
 
 
 def read_stdin() -> str:

@@ -18,12 +18,12 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import SpecdecError
+from .bounded import read_bounded
 
 MAX_DEPTH = 100  # far deeper than anything specdec writes (about 10 levels), far below Python's recursion limit
 MAX_JSON_BYTES = 64 << 20  # the largest JSON file read whole: manifests and caches are kilobytes, checkpoints MBs
 MAX_LINE_BYTES = 64 << 20  # the longest JSON line: a bench record with every token of every generation fits
 MAX_JSONL_BYTES = 1 << 30  # a JSON-lines file read whole (bench records, prompts): far beyond any real one
-CHUNK = 1 << 20  # read granularity: Ctrl-C is seen between chunks
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string (brackets inside it do not nest)
 _STEP = np.zeros(256, np.int8)  # per byte: +1 opens a level, -1 closes one
 _STEP[list(b"[{")], _STEP[list(b"]}")] = 1, -1
@@ -50,22 +50,6 @@ def loads(text: str | bytes):
         return json.loads(data)
     except RecursionError:  # a guard behind the guard: the scan above should have caught it
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
-
-
-def read_bounded(path: str | Path, limit: int) -> bytes:
-    """At most ``limit`` bytes of ``path``, read in chunks; ValueError when it holds more (OSError when it cannot
-    be read). A device or a pipe that never ends costs ``limit`` bytes, not all of memory."""
-    parts, size = [], 0
-    with open(path, "rb") as fh:
-        while size <= limit:
-            chunk = fh.read(min(CHUNK, limit + 1 - size))
-            if not chunk:
-                break
-            parts.append(chunk)
-            size += len(chunk)
-    if size > limit:
-        raise ValueError(f"larger than {limit:,} bytes")
-    return b"".join(parts)
 
 
 def read_json(path: str | Path, limit: int = MAX_JSON_BYTES):
