@@ -17,8 +17,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from . import trees
 from .budget import StepPlan
 from .drafter import Draft, Drafter, GenerationResult, Outcome, StepStats, fit_draft
 from .sampling import Draws, SamplingConfig
@@ -89,10 +91,6 @@ class Sequence:
 
     def expected(self):
         """Expected tokens the step emits when the draft is cut to its first ``m`` nodes, for every ``m``."""
-        import numpy as np
-
-        from . import trees
-
         if not len(self.draft):
             return np.ones(1)
         probs = trees.path_probs(self.draft.parents, self.drafter.budget.calibrated(self.draft))
