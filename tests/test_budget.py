@@ -102,6 +102,18 @@ def test_gate_turns_a_losing_drafter_into_plain_decoding():
     assert res.extra["gated_steps"] > 20  # most steps no longer draft at all
 
 
+def test_a_drafter_gated_on_earlier_prompts_is_probed_early_in_a_new_one():
+    """A badly losing drafter keeps its backoff across greedy generations, but its gated stretch no longer runs on
+    through a whole new prompt (pld on Gemma-3's held-out edits drafted nothing after the first prompt)."""
+    budget = Budget("auto", Profile([1, 2, 4], [0.001, 0.0012, 0.0015]))
+    budget.net, budget.skip, budget.backoff = -5.0, 3000, 64
+    budget.start(sampled=False)
+    assert budget.skip == 8 and budget.backoff == 64 and budget.net == -5.0
+    budget.net = -0.1  # lost only a little: a fresh start
+    budget.start(sampled=False)
+    assert budget.skip == 0 and budget.backoff == 1
+
+
 def tiny_sd(seed: int, window: int):
     from specdec_cli.methods.sd import SpeculativeSampling
     from specdec_cli.io.models import LoadedModel

@@ -145,6 +145,9 @@ def test_a_losing_cheap_source_is_gated_and_gets_a_fresh_chance_next_generation(
         gate.record(0, 0.05, 60.0)  # three tokens' worth lost per step: stays off
     gate.start()
     assert gate.skip > 0 and not gate.open()
+    gate.skip = 3000  # a long gated stretch from earlier prompts: a new prompt still probes it within 8 steps
+    gate.start()
+    assert 0 < gate.skip <= 8 and gate.backoff > 1
 
 
 def test_auto_gates_a_memory_that_does_not_pay_in_a_replay():

@@ -7,6 +7,8 @@ from __future__ import annotations
 WARMUP = 8  # steps before a source can be gated
 EMA = 0.2
 RETRY = -0.3  # a source whose running net value is above this many tokens gets a fresh chance with each generation
+NEW_PROMPT = 8  # ... and one below it is probed again within this many steps of a new generation (the budget's
+# GATE_NEW_PROMPT: a gated stretch no longer runs on through whole prompts it was never tried on)
 
 
 class Gate:
@@ -23,6 +25,8 @@ class Gate:
         offer the first prompts may hold the answer to this one; prompts differ)."""
         if self.net > RETRY:
             self.net, self.runs, self.skip, self.backoff, self.probing = 0.0, 0, 0, 1, False
+        else:
+            self.skip = min(self.skip, NEW_PROMPT)
 
     def open(self) -> bool:
         if self.skip > 0:

@@ -46,6 +46,9 @@ GATE_EMA = 0.2  # ... and in the running net value of drafting
 GATE_WARMUP = 8  # drafting steps before a mildly losing drafter is gated (calibration needs a few observations)
 GATE_HOPELESS = -0.5  # ... unless those steps lost more than this many tokens' worth of time
 GATE_RETRY = -0.3  # a drafter whose running net value is above this gets a fresh chance with each generation
+GATE_NEW_PROMPT = 8  # ... and one below it is probed again after at most this many steps of a new generation:
+# one probe (<= PROBE_TOKENS verified rows) per prompt costs well under one token's time, and the first few output
+# tokens give the lookup some context to match
 
 
 class Calibrator:
@@ -150,14 +153,17 @@ class Budget:
     def start(self, sampled: bool) -> None:
         """A new generation. Sampled ones start from the drafter's own estimates, so a seed reproduces its output.
         Greedy ones keep what was learnt, but a drafter that lost only a little gets a fresh chance (prompts
-        differ: a drafter useless on chat may shine on a copy-heavy prompt); one that lost badly stays off until
-        its gated stretch ends."""
+        differ: a drafter useless on chat may shine on a copy-heavy prompt); one that lost badly keeps its backoff
+        but is probed again within :data:`GATE_NEW_PROMPT` steps of this prompt (a stretch gated on earlier prompts
+        used to run on for whole generations: pld on Gemma-3's held-out edits never drafted again after the first)."""
         if sampled:
             self.calibrator.reset()
             self.value = 1.0 / self.profile(1)
             self.net, self.lost, self.skip, self.backoff, self.drafted_steps = 0.0, 0.0, 0, 1, 0
         elif self.net > GATE_RETRY:
             self.net, self.lost, self.skip, self.backoff, self.drafted_steps = 0.0, 0.0, 0, 1, 0
+        else:
+            self.skip = min(self.skip, GATE_NEW_PROMPT)
         self.draft_cost = not sampled
         self.steps = self.gated = 0
 
