@@ -1,9 +1,11 @@
-"""Issue 36's tables from `bash scripts/bench_issue36.sh MODEL OUT_PREFIX` records (the last record of each file):
-per prompt set, and per category of the `wide` sets, every method's speedup over `ar` of the same run, `auto`
-against the best single method (with the guard's noise), accepted lengths and `auto`'s per-source counts; then,
-per model, the geometric means over the sets and which Done-means targets hold.
+"""`auto` on prompts it was not tuned on (issue 36): tables from the records of
+`bash scripts/bench_auto_unseen.sh MODEL OUT_PREFIX` (the last record of each file): per prompt set, and per
+category of the `wide` sets, every method's speedup over `ar` of the same run, `auto` against the best single
+method (with the guard's noise), accepted lengths and `auto`'s per-source counts; then, per model, the geometric
+means over the sets and which Done-means targets hold.
 
-    python scripts/issue36_table.py docs/results/issue36-cpu-smollm2-135m docs/results/issue36-cpu-gemma3-270m
+    python scripts/auto_unseen_table.py docs/results/auto-unseen/cpu-smollm2-135m \
+        docs/results/auto-unseen/cpu-gemma3-270m
 
 A category's figures are recomputed from the per-prompt counts of its prompts (tokens / seconds, `ar` of the same
 prompts), so they come from the same interleaved run as the set's.
@@ -72,7 +74,7 @@ def row_text(label: str, results: list[dict]) -> tuple[str, dict]:
 
 
 def model_table(prefix: str) -> None:
-    model = Path(prefix).name.removeprefix("issue36-cpu-")
+    model = Path(prefix).name
     print(f"\n**{model}** (`{prefix}-*.jsonl`; speedup over `ar` of the same run, accepted length in brackets)\n")
     print("| set | ar tok/s | auto | pld | ngram-trie | auto / best single | auto accepted/verified by source "
           "(g = gated steps) | identical to ar |")
@@ -109,7 +111,7 @@ def summary(speed: dict[str, dict[str, float]], worst: float) -> None:
 
 
 def main() -> None:
-    for prefix in sys.argv[1:] or [f"docs/results/issue36-cpu-{m}" for m in ("smollm2-135m", "gemma3-270m")]:
+    for prefix in sys.argv[1:] or [f"docs/results/auto-unseen/cpu-{m}" for m in ("smollm2-135m", "gemma3-270m")]:
         model_table(prefix)
 
 

@@ -1,8 +1,9 @@
-"""Issue 25's table: tok/s of every method per model and prompt set now (docs/results/issue25-cpu-*), beside the
-same method's tok/s in the `auto` issue's records (docs/results/issue20-cpu-*: `ar` and `auto` from the no-flags
-runs, the single methods and transformers' baselines from the every-source runs).
+"""`auto` against the single methods after the faster step (issue 25): tok/s of every method per model and prompt
+set now (docs/results/auto-vs-methods/cpu-*, from scripts/bench_auto_vs_methods.sh), beside the same method's tok/s
+in the `auto` issue's records (docs/results/auto-default/cpu-*: `ar` and `auto` from the no-flags runs, the single
+methods and transformers' baselines from the every-source runs).
 
-    python scripts/issue25_table.py
+    python scripts/auto_vs_methods_table.py
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def main() -> None:
         rows = []
         methods: list[str] = []
         for s in SETS:
-            now = tok_s(RESULTS / f"issue25-cpu-{model}-{s}.jsonl")
-            old = {**tok_s(RESULTS / f"issue20-cpu-{model}-{s}.jsonl"),
-                   **{k: v for k, v in tok_s(RESULTS / f"issue20-cpu-{model}-{s}-bare.jsonl").items()}}
+            now = tok_s(RESULTS / "auto-vs-methods" / f"cpu-{model}-{s}.jsonl")
+            old = {**tok_s(RESULTS / "auto-default" / f"cpu-{model}-{s}.jsonl"),
+                   **{k: v for k, v in tok_s(RESULTS / "auto-default" / f"cpu-{model}-{s}-bare.jsonl").items()}}
             methods += [m for m in now if m not in methods]
             rows.append((s, now, old))
         print("| set | " + " | ".join(methods) + " | identical to ar |")

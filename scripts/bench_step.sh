@@ -5,7 +5,7 @@
 #   bash scripts/bench_step.sh MODEL OUT.jsonl [SPECDEC_COMMAND...]
 set -euo pipefail
 model=$1; out=$2; shift 2
-prompts="$(cd "$(dirname "$0")/.." && pwd)/docs/results/issue25-quicksort.jsonl"
+prompts="$(cd "$(dirname "$0")/.." && pwd)/docs/results/step/quicksort-prompt.jsonl"
 cmd=("${@:-specdec}")
 python3 - <<'PY'
 import time, numpy as np

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 35's matrix: 16-bit weights against float32 and llama.cpp, on one thread, both models, HumanEval, MT-Bench,
+# 16-bit weights against float32 and llama.cpp (issue 35's matrix), on one thread, both models, HumanEval, MT-Bench,
 # rag and long-edit, 8 prompts, 128 new tokens, llama.cpp in the same runs (scripts/install-llama-cpp.sh first).
-#   bash scripts/bench_issue35.sh OUT_DIR [MODELS...]        (default: smollm2-135m gemma3-270m)
+#   bash scripts/bench_weights16.sh OUT_DIR [MODELS...]        (default: smollm2-135m gemma3-270m)
 # Writes into OUT_DIR:
 #   MODEL-SET-bf16.jsonl  --dtype bfloat16: ar, auto, llama.cpp on F16 and on BF16 (the same weights as ar)
 #   MODEL-SET-f16.jsonl   --dtype float16: ar, auto
@@ -10,7 +10,7 @@
 #   MODEL-ceiling.md      the step against the memory-bound ceiling per dtype (scripts/step_ceiling.py)
 #   MODEL-agreement.json  how often 16-bit greedy output equals float32's (scripts/dtype_agreement.py)
 #   7b.json               the codellama-7b-shaped target in bfloat16 (scripts/bench_7b.py)
-#   summary.md            the done-criteria ratios (scripts/issue35_table.py)
+#   summary.md            the done-criteria ratios (scripts/weights16_table.py)
 # Needs a quiet machine for its timings; about 3 hours on the 2-core VM of docs/benchmarks.md (Gemma-3's float32
 # runs are the longest).
 set -euo pipefail
@@ -36,5 +36,5 @@ for model in ${models[@]}; do
   python3 "$here/dtype_agreement.py" --model "$model" --json > "$out/$model-agreement.json"
 done
 python3 "$here/bench_7b.py" --json > "$out/7b.json"
-python3 "$here/issue35_table.py" "$out" > "$out/summary.md"
+python3 "$here/weights16_table.py" "$out" > "$out/summary.md"
 cat "$out/summary.md"

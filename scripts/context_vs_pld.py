@@ -13,7 +13,7 @@ differs):
 Two views: each drafter on its own trajectory (accepted tokens per step, drafted tokens), and all of them on the
 *same* steps -- the positions of pld's trajectory -- with the occurrence each chose.
 
-    PYTHONPATH=. python scripts/context_vs_pld.py docs/results/issue36-ar/ar-smollm2-135m-wide.json.gz \
+    PYTHONPATH=. python scripts/context_vs_pld.py docs/results/ar-outputs/ar-smollm2-135m-wide.json.gz \
         [--category hints] [--steps ID]
 """
 
@@ -37,7 +37,7 @@ PLD_N, PLD_K = 3, 10  # pld's defaults (max_ngram, num_pred)
 
 
 def load_outputs(path: str) -> dict:
-    """A file of scripts/ar_outputs.py (gzipped too: docs/results/issue36-ar/)."""
+    """A file of scripts/ar_outputs.py (gzipped too: docs/results/ar-outputs/)."""
     import gzip
 
     opener = gzip.open if str(path).endswith(".gz") else open

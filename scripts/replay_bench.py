@@ -3,8 +3,8 @@ recorded `ar` outputs (scripts/ar_outputs.py) without the model (specdec_cli/ben
 a bench record reports -- target forwards, accepted length, `auto`'s verified / accepted per source -- plus a
 modelled speedup over `ar`: the machine's measured forward times t(n) of every step plus a fixed drafting cost.
 
-    PYTHONPATH=. python scripts/replay_bench.py docs/results/issue36-ar/ar-smollm2-135m-wide.json.gz \
-        [--profile docs/results/issue36-ar/profile-quiet-smollm2-135m.json] [--methods auto,pld,ngram-trie]
+    PYTHONPATH=. python scripts/replay_bench.py docs/results/ar-outputs/ar-smollm2-135m-wide.json.gz \
+        [--profile docs/results/ar-outputs/profile-quiet-smollm2-135m.json] [--methods auto,pld,ngram-trie]
         [--opt key=value ...] [--by-category] [--json]
 
 Like bench: one drafter per method for the whole set (what it learns carries over), a warm-up of 8 tokens on
@@ -29,7 +29,7 @@ WARMUP_TOKENS = 8  # bench's warm-up generation
 
 
 def load_outputs(path: str) -> dict:
-    """A file of scripts/ar_outputs.py (gzipped too: docs/results/issue36-ar/)."""
+    """A file of scripts/ar_outputs.py (gzipped too: docs/results/ar-outputs/)."""
     import gzip
 
     opener = gzip.open if str(path).endswith(".gz") else open

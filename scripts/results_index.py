@@ -1,6 +1,7 @@
 """docs/results/README.md: what each stored result measures (read from its records: model, prompts, methods,
 engine, batch sizes, dtype) and which docs cite it (a path or a glob pattern naming it in docs/, README.md or
-scripts/). Files are named by the issue that measured them; the index says what they are.
+scripts/). Files are grouped in folders by measurement (`methods-vs-transformers/`, `auto-default/`, `step/`, ...:
+the doc table each backs is in the *cited by* column); the index also says what each one measured.
     python scripts/results_index.py > docs/results/README.md
 """
 

@@ -1,6 +1,6 @@
 """Markdown summary of `specdec bench --out` records: one table per model, speedup vs `ar` per prompt set.
 
-    python scripts/results_markdown.py docs/results/issue10-cpu-*.jsonl
+    python scripts/results_markdown.py docs/results/methods-vs-transformers/*.jsonl
 
 Each file contributes its last record; files whose name ends in ``-rerun.jsonl`` override the methods they ran
 (a rerun is a full record of its own: its `ar` ran in the same process; later reruns win). Cells: speedup (mean accepted length);

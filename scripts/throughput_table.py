@@ -1,5 +1,5 @@
 """Markdown table of `specdec bench --batch-size` records (docs/benchmarks.md):
-    python scripts/throughput_table.py docs/results/issue24-*.jsonl"""
+    python scripts/throughput_table.py docs/results/throughput/*.jsonl"""
 
 from __future__ import annotations
 

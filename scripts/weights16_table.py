@@ -1,6 +1,7 @@
-"""Issue 35's done criteria from the records of scripts/bench_issue35.sh OUT_DIR.
+"""16-bit weights against float32 and llama.cpp: the done criteria (issue 35) from the records of
+scripts/bench_weights16.sh OUT_DIR.
 
-    python scripts/issue35_table.py OUT_DIR
+    python scripts/weights16_table.py OUT_DIR
 
 Per model and prompt set: decode tokens/s of `ar` at bfloat16 and float16 against llama.cpp F16's plain decode
 (>= 0.9x) and against specdec's float32 `ar` (>= 1.7x); `auto` at 16 bits end to end against llama.cpp F16 end to
@@ -63,7 +64,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     models = sorted({p.name.split("-memory-")[0] for p in out.glob("*-memory-*.jsonl")} or
                     {"smollm2-135m", "gemma3-270m"})
-    lines = ["## Issue 35 (scripts/bench_issue35.sh)", ""]
+    lines = ["## 16-bit weights against float32 and llama.cpp (issue 35; scripts/bench_weights16.sh)", ""]
     for model in models:
         lines += model_table(out, model)
     seven = out / "7b.json"
