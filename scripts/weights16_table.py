@@ -53,7 +53,7 @@ def model_table(out: Path, model: str) -> list[str]:
     lines += ["", "peak RSS (ar alone): " + ", ".join(f"{d} {v:.0f} MiB" for d, v in rss.items() if v)
               + f"; bfloat16 / float32 = {ratio(rss['bfloat16'], rss['float32'])} (<= 0.55)"]
     agree = out / f"{model}-agreement.json"
-    if agree.exists():
+    if agree.exists() and agree.stat().st_size:  # empty while scripts/dtype_agreement.py still runs
         sets = json.loads(agree.read_text())["sets"]
         lines.append("16-bit greedy = float32: " + ", ".join(f"{k} {v['identical']}/{v['prompts']}"
                                                             for k, v in sets.items()))
