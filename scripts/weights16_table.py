@@ -39,6 +39,8 @@ def model_table(out: Path, model: str) -> list[str]:
              "(bf16 / f16 / f32) | llama.cpp = ar (BF16 / F32) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in SETS:
         b16, f16, f32 = (rows(last_record(out / f"{model}-{s}-{d}.jsonl")) for d in ("bf16", "f16", "f32"))
+        if not b16:  # the set did not run for this model
+            continue
         dec = lambda r, m: (r.get(m) or {}).get("decode_tokens_per_s")  # noqa: E731
         e2e = lambda r, m: (r.get(m) or {}).get("tokens_per_s")  # noqa: E731
         same = "/".join("yes" if all(x.get("lossless") for k, x in r.items() if not k.startswith("llama")) else "NO"
@@ -62,8 +64,8 @@ def model_table(out: Path, model: str) -> list[str]:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    models = sorted({p.name.split("-memory-")[0] for p in out.glob("*-memory-*.jsonl")} or
-                    {"smollm2-135m", "gemma3-270m"})
+    models = sorted({p.name.split("-memory-")[0] for p in out.glob("*-memory-*.jsonl")}
+                    | {p.name.split(f"-{s}-")[0] for s in SETS for p in out.glob(f"*-{s}-bf16.jsonl")})
     lines = ["## 16-bit weights against float32 and llama.cpp (issue 35; scripts/bench_weights16.sh)", ""]
     for model in models:
         lines += model_table(out, model)
