@@ -25,11 +25,12 @@ def citations() -> dict[str, set[str]]:
     cites it (``docs/benchmarks.md § auto, the default``)."""
     out: dict[str, set[str]] = {}
     for path in [*ROOT.glob("docs/**/*.md"), ROOT / "README.md", *ROOT.glob("scripts/*")]:
-        if not path.is_file() or path.parent == RESULTS:
+        if not path.is_file() or RESULTS in path.parents:
             continue
-        name, heading = str(path.relative_to(ROOT)), None
+        name, heading, fenced = str(path.relative_to(ROOT)), None, False
         for line in path.read_text(errors="replace").splitlines():
-            if path.suffix == ".md" and line.startswith("#"):
+            fenced ^= line.startswith("```")  # a "#" inside a code block is a comment, not a heading
+            if path.suffix == ".md" and line.startswith("#") and not fenced:
                 heading = line.lstrip("#").strip().replace("`", "").replace("|", "/")
             for match in CITED.findall(line):
                 where = f"{name} § {heading}" if path.suffix == ".md" and heading else name

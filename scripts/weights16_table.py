@@ -43,11 +43,12 @@ def model_table(out: Path, model: str) -> list[str]:
             continue
         dec = lambda r, m: (r.get(m) or {}).get("decode_tokens_per_s")  # noqa: E731
         e2e = lambda r, m: (r.get(m) or {}).get("tokens_per_s")  # noqa: E731
-        same = "/".join("yes" if all(x.get("lossless") for k, x in r.items() if not k.startswith("llama")) else "NO"
-                        for r in (b16, f16, f32))
+        same = "/".join("-" if not r else "yes" if all(x.get("lossless") for k, x in r.items()
+                                                        if not k.startswith("llama")) else "NO" for r in (b16, f16, f32))
         llama = "/".join(str((r.get("llama-cpp") or {}).get("identical", "-")) for r in (b16, f32))
-        lines.append(f"| {s} | {dec(b16, 'ar') or 0:.1f} | {dec(f16, 'ar') or 0:.1f} | "
-                     f"{dec(b16, 'llama-cpp-f16') or 0:.1f} | {dec(f32, 'ar') or 0:.1f} | "
+        tps = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731 - a dtype or method that did not run
+        lines.append(f"| {s} | {tps(dec(b16, 'ar'))} | {tps(dec(f16, 'ar'))} | "
+                     f"{tps(dec(b16, 'llama-cpp-f16'))} | {tps(dec(f32, 'ar'))} | "
                      f"{ratio(dec(b16, 'ar'), dec(b16, 'llama-cpp-f16'))} | {ratio(dec(b16, 'ar'), dec(f32, 'ar'))} | "
                      f"{ratio(e2e(b16, 'auto'), e2e(b16, 'llama-cpp-f16'))} | {same} | {llama} |")
     rss = {d: (last_record(out / f"{model}-memory-{d}.jsonl") or {}).get("peak_rss_mib")

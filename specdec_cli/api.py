@@ -127,7 +127,8 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
         mode = "paper"
     cache_mode = resolve(compile, target.model)  # the budget prices drafts with the forward times of this path
     times = profile.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode == "auto" else None
-    drafter.budget = Budget(mode, times, gate=drafter.gated_by_budget, trust_scores=drafter.calibrated_scores)
+    drafter.budget = Budget(mode, times, gate=drafter.gated_by_budget, trust_scores=drafter.calibrated_scores,
+                            cheap_probe=not drafter.probe_prefills)
     drafter.cache_mode = cache_mode
     return drafter
 

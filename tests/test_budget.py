@@ -112,6 +112,20 @@ def test_a_drafter_gated_on_earlier_prompts_is_probed_early_in_a_new_one():
     budget.net = -0.1  # lost only a little: a fresh start
     budget.start(sampled=False)
     assert budget.skip == 0 and budget.backoff == 1
+    costly = Budget("auto", Profile([1, 2, 4], [0.001, 0.0012, 0.0015]), cheap_probe=False)
+    costly.net, costly.skip, costly.backoff = -5.0, 3000, 64
+    costly.start(sampled=False)  # a probe would first prefill a draft model: its stretch runs on
+    assert costly.skip == 3000
+
+
+def test_model_drafters_say_their_probes_prefill():
+    from specdec_cli.methods.hsddw import Hsddw
+    from specdec_cli.methods.pld import PromptLookup
+    from specdec_cli.methods.sd import SpeculativeSampling
+    from specdec_cli.methods.self_verify import SelfVerify
+
+    assert SpeculativeSampling.probe_prefills and Hsddw.probe_prefills and SelfVerify.probe_prefills
+    assert not PromptLookup.probe_prefills
 
 
 def tiny_sd(seed: int, window: int):

@@ -148,6 +148,10 @@ def test_a_losing_cheap_source_is_gated_and_gets_a_fresh_chance_next_generation(
     gate.skip = 3000  # a long gated stretch from earlier prompts: a new prompt still probes it within 8 steps
     gate.start()
     assert 0 < gate.skip <= 8 and gate.backoff > 1
+    model_gate = Gate(cheap_probe=False)  # auto's draft-model gate: a probe first prefills the draft model
+    model_gate.net, model_gate.skip = -3.0, 3000
+    model_gate.start()
+    assert model_gate.skip == 3000
 
 
 def test_auto_gates_a_memory_that_does_not_pay_in_a_replay():

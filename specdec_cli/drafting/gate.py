@@ -16,7 +16,8 @@ class Gate:
     the method's current tokens per second) of the steps it ran; negative -> skipped for a stretch that doubles
     with each losing probe."""
 
-    def __init__(self):
+    def __init__(self, cheap_probe: bool = True):
+        self.cheap_probe = cheap_probe  # False: a probe costs a draft model's prefill (not probed at every prompt)
         self.net, self.runs, self.skip, self.backoff, self.gated = 0.0, 0, 0, 1, 0
         self.probing = False
 
@@ -25,7 +26,7 @@ class Gate:
         offer the first prompts may hold the answer to this one; prompts differ)."""
         if self.net > RETRY:
             self.net, self.runs, self.skip, self.backoff, self.probing = 0.0, 0, 0, 1, False
-        else:
+        elif self.cheap_probe:
             self.skip = min(self.skip, NEW_PROMPT)
 
     def open(self) -> bool:

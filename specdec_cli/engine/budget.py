@@ -134,10 +134,11 @@ class StepPlan:
 
 class Budget:
     def __init__(self, mode: str | int = "auto", profile: Profile | None = None, *, draft_cost: bool = True,
-                 gate: bool = True, trust_scores: bool = False):
+                 gate: bool = True, trust_scores: bool = False, cheap_probe: bool = True):
         self.mode = mode  # parsed where it entered (config.parse_budget)
         self.gate = gate  # False: never skip drafting (a drafter that gates its own costly parts: auto)
         self.trust_scores = trust_scores  # True: the drafter's scores are calibrated already (auto): used as they are
+        self.cheap_probe = cheap_probe  # False: a probe costs a draft model's prefill (no probe at every new prompt)
         self.profile = profile or Profile.flat()
         self.draft_cost = draft_cost  # count measured drafting time (greedy runs)
         self.calibrator = Calibrator()
@@ -153,16 +154,17 @@ class Budget:
     def start(self, sampled: bool) -> None:
         """A new generation. Sampled ones start from the drafter's own estimates, so a seed reproduces its output.
         Greedy ones keep what was learnt, but a drafter that lost only a little gets a fresh chance (prompts
-        differ: a drafter useless on chat may shine on a copy-heavy prompt); one that lost badly keeps its backoff
-        but is probed again within :data:`GATE_NEW_PROMPT` steps of this prompt (a stretch gated on earlier prompts
-        used to run on for whole generations: pld on Gemma-3's held-out edits never drafted again after the first)."""
+        differ: a drafter useless on chat may shine on a copy-heavy prompt); one that lost badly keeps its backoff,
+        and if its probes are cheap (no draft model to catch up on the prompt) it is probed again within
+        :data:`GATE_NEW_PROMPT` steps of this prompt (a stretch gated on earlier prompts used to run on for whole
+        generations: pld on Gemma-3's held-out edits never drafted again after the first)."""
         if sampled:
             self.calibrator.reset()
             self.value = 1.0 / self.profile(1)
             self.net, self.lost, self.skip, self.backoff, self.drafted_steps = 0.0, 0.0, 0, 1, 0
         elif self.net > GATE_RETRY:
             self.net, self.lost, self.skip, self.backoff, self.drafted_steps = 0.0, 0.0, 0, 1, 0
-        else:
+        elif self.cheap_probe:
             self.skip = min(self.skip, GATE_NEW_PROMPT)
         self.draft_cost = not sampled
         self.steps = self.gated = 0

@@ -44,6 +44,8 @@ class Drafter:
     _budget: Budget | None = None
     gated_by_budget = True  # False: the budget never skips drafting (the drafter gates its own costly sources)
     calibrated_scores = False  # True: its scores are calibrated acceptance estimates already; the budget keeps them
+    probe_prefills = False  # True: a probe after a gated stretch first catches a draft model up on the prompt (a
+    # prefill: tens of tokens' time on a long prompt), so the budget does not probe it again at every new prompt
     cache_mode: CacheMode | None = None  # the engine path its budget was priced for (api.make_drafter sets it)
 
     @property

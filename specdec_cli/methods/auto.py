@@ -50,7 +50,7 @@ class AutoDrafter(Drafter):
         self.calibration = SourceCalibration()
         self.gates = {s.name: Gate() for s in self.sources if s.gated}
         if self.models:
-            self.gates[MODEL] = Gate()
+            self.gates[MODEL] = Gate(cheap_probe=False)  # its probe first prefills the draft model
         self.totals: dict[str, dict[str, float]] = {}
         self.union, self.step_cost = UnionTree(), {}
 

@@ -38,6 +38,7 @@ from ..engine.verify import verify_rejection, verify_tree
 
 
 class Hsddw(Drafter):
+    probe_prefills = True  # its draft model skips the prompt while gated (engine.drafter.Drafter)
     name = "hsddw"
 
     def __init__(self, m1: DraftModel, m2: DraftModel, window: int = DEFAULT_WINDOW, max_draft: int | None = None,

@@ -16,6 +16,7 @@ AUTO_WINDOW = 16
 
 
 class SpeculativeSampling(Drafter):
+    probe_prefills = True  # its draft model skips the prompt while gated (engine.drafter.Drafter)
     name = "sd"
 
     def __init__(self, draft, vocab_size: int, window: int = PAPER_WINDOW, profiled: bool = False):

@@ -24,6 +24,7 @@ from ..drafting.entropy_window import DEFAULT_WINDOW, EntropyThreshold, json_tau
 
 
 class SelfVerify(Drafter):
+    probe_prefills = True  # its draft model skips the prompt while gated (engine.drafter.Drafter)
     name = "self-verify"
 
     def __init__(self, dm: DraftModel, window: int = DEFAULT_WINDOW, tau0: float = math.inf):

@@ -6,7 +6,8 @@ adds, activation, the kernels' wrappers) cost 5-8 ms on top: the products alone 
 float32, the whole step only ~1.4x. Here each layer is
 
 * :func:`qkv_step` -- the input norm, the q/k/v products, Gemma's q/k norms and the rotary embedding;
-* the cache layer's own ``update`` (the keys and values written where transformers' cache writes them);
+* the new keys and values written into a growing cache layer's buffers through numpy views (:meth:`Fused.host_rows`;
+  where ``update`` writes them), or the layer's own ``update`` for other layers;
 * :func:`out_step` -- attention (:func:`specdec_cli.runtime.attend.attend`), the output product, the norms, the
   MLP and the residual adds;
 
