@@ -248,7 +248,7 @@ def test_killed_build_leaves_no_tokenizer_workers(tmp_path):
 
 # --- bench: one run per --out; resume under --budget auto ---------------------------------------------------
 
-RESUME = ["bench", "--methods", "ar,pld,auto", "--prompts", "humaneval", "--limit", "3", "-n", "16", "--threads", "1",
+RESUME = ["bench", "--methods", "ar,pld,auto", "--prompts", "humaneval", "--limit", "3", "-n", "32", "--threads", "1",
           "--budget", "auto", "-t", "0.8", "--seed", "1"]  # warm-up on: its effect on what the methods learn is part
 # of the checkpoint; sampled, so the budget prices drafting with its predictions, not the clock (greedy runs read
 # measured drafting times, and on a loaded machine two greedy runs could decide a step differently)
