@@ -4,11 +4,10 @@ the nodes no other source proposed."""
 
 from __future__ import annotations
 
-WARMUP = 8  # steps before a source can be gated
-EMA = 0.2
-RETRY = -0.3  # a source whose running net value is above this many tokens gets a fresh chance with each generation
-NEW_PROMPT = 8  # ... and one below it is probed again within this many steps of a new generation (the budget's
-# GATE_NEW_PROMPT: a gated stretch no longer runs on through whole prompts it was never tried on)
+# the budget's own gate constants (engine/budget.py, with their reasons): a source is gated by the same rule as a
+# single method's drafter -- warm-up steps, running-value weight, the retry threshold, the per-prompt probe
+from ..engine.budget import GATE_EMA as EMA, GATE_NEW_PROMPT as NEW_PROMPT, GATE_RETRY as RETRY, \
+    GATE_WARMUP as WARMUP
 
 
 class Gate:
