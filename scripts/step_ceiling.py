@@ -54,7 +54,7 @@ def product(layer, n: int):
         return lambda: layer(x)
     x, y = np.zeros((n, layer.in_features), np.float32), np.empty((n, layer.out_features), np.float32)
     kernel = dot16.KERNELS[kernels16.FORMATS[layer.weight.dtype]]
-    block = kernels16.BLOCKED.get(layer.table[n], 4)
+    block = kernels16.BLOCKED.get(layer.table[n], 2)
     return lambda: kernel(x, layer._bits, y, block)
 
 

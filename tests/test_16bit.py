@@ -49,6 +49,27 @@ def test_dot16_widens_exactly_and_gives_every_row_the_same_bits_whatever_the_blo
     assert np.allclose(alone, exact, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("k_dim", [8, 13, 576])  # one vector, leftovers, SmolLM2's width
+@pytest.mark.parametrize("n_out", [4, 37])  # whole tiles of four outputs; leftover outputs
+def test_float32_tiles_give_every_row_the_same_bits_whatever_the_rows_beside_it(k_dim, n_out):
+    """The float32 ``dot`` strategy (runtime/tiles.py): a verified row's product is its one-row product, pairs or
+    not, and it is the linear product."""
+    from specdec_cli.runtime import tiles
+    from specdec_cli.runtime.dot import dot_rows
+
+    torch.manual_seed(0)
+    w, x = torch.randn(n_out, k_dim), torch.randn(9, k_dim)
+    alone = np.empty((9, n_out), np.float32)
+    for r in range(9):
+        dot_rows(x[r: r + 1].numpy(), w.numpy(), alone[r: r + 1])
+    for n in (2, 3, 8, 9):
+        for pair in (False, True):
+            y = np.empty((n, n_out), np.float32)
+            tiles.dot_tiled(x[:n].numpy(), w.numpy(), y, tiles.F32, pair)
+            assert np.array_equal(y, alone[:n]), (n, pair)
+    assert np.allclose(alone, (x.double() @ w.double().T).numpy(), rtol=1e-5, atol=1e-4)
+
+
 def test_attention_gives_a_row_what_it_gives_the_row_alone():
     from specdec_cli.runtime.attend import EVERY_COLUMN, attend
 

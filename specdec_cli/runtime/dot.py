@@ -1,11 +1,11 @@
-"""The ``dot`` strategy of :mod:`specdec_cli.runtime.kernels`: one vectorised float32 dot product per output,
-compiled by numba.
+"""The ``dot`` strategy of :mod:`specdec_cli.runtime.kernels`: float32 ``x @ W.T`` by the register tiles of
+:mod:`specdec_cli.runtime.tiles`, reading ``W`` as it is (no copy).
 
-For the few rows of a decoding step, single-threaded MKL's GEMV streams a weight far below the memory bandwidth on
-the CPUs this project measures (10-12 GB/s for SmolLM2's 576-wide matrices, against ~31 GB/s for a plain read):
-this loop reads each weight row once, from ``W`` as it is (no copy), for all the input rows, at 20-28 GB/s. Each
-output's sum runs in the same order whatever the number of rows, so a row's result does not depend on the rows
-computed beside it.
+For the few rows of a decoding or verification step, single-threaded MKL streams these weights far below the
+memory bandwidth on the CPUs this project measures (its GEMV at 10-12 GB/s for SmolLM2's 576-wide matrices against
+~31 GB/s for a plain read; its GEMM for 4-8 rows at 2-3x one row's time): a tile loads each weight vector once for
+a pair of rows and each input vector once for four outputs. Each output's sum runs in one order whatever the
+number of rows, so a row's result does not depend on the rows computed beside it.
 """
 
 from __future__ import annotations
@@ -15,18 +15,13 @@ import threading
 import numpy as np
 
 from .jit import COMPILED, njit
+from .tiles import F32, dot_tiled
 
 
-@njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False)
 def dot_rows(x, w, y):  # pragma: no cover - compiled
-    """``y[r, j] = x[r] . w[j]`` (float32 ``x [n, K]``, ``w [N, K]``, ``y [n, N]``): the weight streamed once."""
-    n, k_dim = x.shape
-    for j in range(w.shape[0]):
-        for r in range(n):
-            acc = np.float32(0.0)
-            for k in range(k_dim):
-                acc += x[r, k] * w[j, k]
-            y[r, j] = acc
+    """``y[r, j] = x[r] . w[j]`` (float32 ``x [n, K]``, ``w [N, K]``, ``y [n, N]``, C-contiguous)."""
+    dot_tiled(x, w, y, F32, True)
 
 
 def warm_up() -> threading.Thread | None:

@@ -183,7 +183,7 @@ class WideLayer:
         if hit is None:
             from .kernels16 import BLOCKED
 
-            hit = self._blocks[n] = np.array([BLOCKED.get(m.table[n] if n < len(m.table) else m.wide, 4)
+            hit = self._blocks[n] = np.array([BLOCKED.get(m.table[n] if n < len(m.table) else m.wide, 2)
                                               for m in self.modules], np.int64)
         return hit
 

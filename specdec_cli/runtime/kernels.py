@@ -15,11 +15,11 @@ dispatches on the row count through a *plan* measured once per machine, thread c
 * ``tn``     -- ``(W @ x.T).T``: the same product, with MKL choosing another kernel;
 * ``wt``     -- ``x @ W_t`` with a contiguous transposed copy ``W_t`` (extra memory);
 * ``mkldnn`` -- oneDNN's inner product on a blocked copy of ``W`` (extra memory);
-* ``dot``    -- one vectorised dot product per output (:mod:`specdec_cli.runtime.dot`, numba): each weight row is
-  read once, from ``W`` as it is, for all the input rows. Single-threaded MKL's GEMV streams a 576-wide weight
-  at ~11 GB/s on the EPYC of docs/profiling.md, this loop at 20-28 GB/s (a plain read runs at ~31 GB/s). Each
-  output's sum runs in the same order whatever the row count, so a verification forward's logits are those a
-  one-row forward gives (while every row count up to it uses ``dot``: up to :data:`DOT_ROWS`).
+* ``dot``    -- register tiles of 2 rows x 4 outputs (:mod:`specdec_cli.runtime.tiles`, numba), reading ``W`` as
+  it is: each weight vector loaded serves two rows, each input vector four outputs. Single-threaded MKL's GEMV
+  streams a 576-wide weight at ~11 GB/s on the EPYC of docs/profiling.md, the tiles at the read bandwidth; for 4-8
+  rows MKL's GEMM takes 2-3x one row's time, the tiles 1.2-1.6x. Each output's sum runs in one order whatever the
+  row count: a verified row's logits are a one-row forward's (while every row count up to it uses ``dot``).
 
 16-bit weights (``--dtype bfloat16|float16``) get :mod:`specdec_cli.runtime.kernels16`'s row-invariant strategies
 instead (the weight read as stored, float32 rows in and out), in plans keyed by the weight's dtype.
@@ -52,9 +52,9 @@ from .machine import available_bytes, cpu_name
 # "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
 STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
-DOT_ROWS = 4  # "dot" computes one dot product per row and output: compute-bound beyond a few rows (timed up to this)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
-PLAN_VERSION = 4
+DOT_ROWS = WIDE  # "dot" is timed for every forward whose rows are compared (prefills are MKL's: compute-bound)
+PLAN_VERSION = 5  # 5: "dot" became the register tiles (faster from 2 rows on): plans measured before are stale
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3

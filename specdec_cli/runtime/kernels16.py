@@ -6,10 +6,10 @@ rounded to 16 bits: the lean forward (:mod:`specdec_cli.runtime.decoder`) keeps 
 tables, attention and KV cache in float32, and every linear layer computes ``x @ widen(W).T`` in float32. Its
 strategies:
 
-* ``d16x1``, ``d16x2``, ``d16x4`` -- :mod:`specdec_cli.runtime.dot16`'s kernel with 1, 2 or 4 rows per weight
-  load. All three give every row the same bits (the same fixed summation order), so the plan picks among them by
-  speed alone and a verified row's result is a one-row forward's. Every forward of up to :data:`INVARIANT_ROWS`
-  rows (decoding, verification, draft steps) takes one of them;
+* ``d16x1``, ``d16x2`` -- :mod:`specdec_cli.runtime.tiles`' register tiles over one row or a pair of rows at a
+  time (through :mod:`specdec_cli.runtime.dot16`'s entry points). Both give every row the same bits (the same
+  fixed summation order), so the plan picks between them by speed alone and a verified row's result is a one-row
+  forward's. Every forward of up to :data:`INVARIANT_ROWS` rows (decoding, verification, draft steps) takes one;
 * ``widen`` -- only for longer forwards (prefills, where no row is compared with a one-row result): the weight
   widened to float32 a slice at a time (:data:`SLICE_BYTES`) and multiplied by MKL, which is compute-bound there.
 """
@@ -28,7 +28,7 @@ from .jit import COMPILED
 
 FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"} if COMPILED else {}
 INVARIANT_ROWS = 64  # decoder.MAX_ROWS: every forward the engine compares rows of (see the module doc)
-BLOCKED = {"d16x1": 1, "d16x2": 2, "d16x4": 4}
+BLOCKED = {"d16x1": 1, "d16x2": 2}
 STRATEGIES16 = (*BLOCKED, "widen")
 SLICE_BYTES = 8 << 20  # float32 weight rows widened at a time by "widen": a slice stays in this CPU's L3 (32 MB)
 
@@ -66,7 +66,7 @@ def stored(weight: torch.Tensor) -> np.ndarray:
 def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
     """``x2 @ widen(weight).T`` in float32 (``x2``: contiguous float32 ``[n, in]``)."""
     if strategy == "widen" and not _ANY_ORDER[0]:
-        strategy = "d16x4"
+        strategy = "d16x2"
     block = BLOCKED.get(strategy)
     if block is not None:
         y = torch.empty((x2.shape[0], bits.shape[0]), dtype=torch.float32)
@@ -77,12 +77,12 @@ def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndar
 
 
 def candidates(n: int) -> tuple[str, ...]:
-    """The strategies timed for ``n`` rows: one row has one blocking; a few rows, one or two per weight load; more,
-    two or four (four was never slower on the CPU of docs/profiling.md); beyond :data:`INVARIANT_ROWS` rows
-    (prefills), the widest blocking or ``widen``."""
+    """The strategies timed for ``n`` rows: one row has one; a few rows, single rows or pairs; from four rows on,
+    pairs (never slower there on the CPU of docs/profiling.md); beyond :data:`INVARIANT_ROWS` rows (prefills),
+    pairs or ``widen``."""
     if n > INVARIANT_ROWS:
-        return ("d16x4", "widen")
-    return ("d16x1",) if n == 1 else ("d16x1", "d16x2") if n < 4 else ("d16x2", "d16x4")
+        return ("d16x2", "widen")
+    return ("d16x1",) if n == 1 else ("d16x1", "d16x2") if n < 4 else ("d16x2",)
 
 
 @torch.inference_mode()

@@ -1,0 +1,212 @@
+"""The linear kernels of the engine's compared forwards: ``y = x @ W.T`` for a few float32 rows ``x``, the weight
+``W`` streamed as stored (float32, bfloat16 or float16 bits) and widened to float32 in registers.
+
+Why (docs/profiling.md, "Verification rows"): a verification forward pushes a handful of rows through every weight.
+One row is memory-bound; from about four rows on, the per-row kernels that loaded each weight vector once per row
+(:func:`specdec_cli.runtime.dot16` blocks, ``dot_rows``) became compute-bound, and MKL, which the float32 plans then
+picked, streams these shapes far below the bandwidth: a SmolLM2 forward's products took 1.6x one row's time at 4
+rows and 2.9x at 8. Here a *tile* of ``ROWS`` rows x ``OUTS`` outputs keeps ``ROWS * OUTS`` accumulators in
+registers, so each weight vector loaded serves every row of the tile and each input vector every output of it:
+1.3x at 4 rows and 1.7x at 8, with one row as fast as before.
+
+**Row invariance by construction.** Every output is one sum in one fixed order, written out in LLVM IR without
+fast-math flags (LLVM may not reorder it): lane ``l`` of one :data:`VECTOR`-wide accumulator takes the products of
+``k = l, l + 8, ...`` by fused multiply-adds (``llvm.fma``), the lanes are added in a fixed tree (4 + 4, 2 + 2,
+1 + 1), then the ``K mod 8`` leftover products one by one (multiply, then add). Every tile shape runs exactly
+these operations for each of its (row, output) pairs, so a row's result does not depend on the rows or the tile
+beside it: a verified draft row's logits are those of a one-row forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import COMPILED, njit
+
+VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output)
+OUTS = 4  # outputs per tile: 2 rows x 4 outputs = 8 accumulators + 4 weight vectors + 1 input: AVX2's 16 registers
+PAIR = 2  # rows per tile (3 rows x 4 outputs measured slower: the 12 accumulators leave too few registers)
+F32, BF16, FP16 = 0, 1, 2  # weight formats (an int: one compiled driver serves all three)
+ITEM_BYTES = np.array([4, 2, 2], np.int64)  # bytes of one stored weight, per format
+
+if COMPILED:  # pragma: no branch - without numba the plans never pick these kernels
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _F32, _I16, _I32, _I64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    _VF, _VI16, _VI32 = ir.VectorType(_F32, VECTOR), ir.VectorType(_I16, VECTOR), ir.VectorType(_I32, VECTOR)
+
+    def _widen(builder, bits, fmt: int, vector: bool):
+        """Stored 16-bit weights as float32: bf16 -> bits << 16 (exact); fp16 -> ``fpext`` (exact)."""
+        wide, shift = (_VI32, ir.Constant(_VI32, [16] * VECTOR)) if vector else (_I32, ir.Constant(_I32, 16))
+        if fmt == BF16:
+            return builder.bitcast(builder.shl(builder.zext(bits, wide), shift), _VF if vector else _F32)
+        half = ir.VectorType(ir.HalfType(), VECTOR) if vector else ir.HalfType()
+        return builder.fpext(builder.bitcast(bits, half), _VF if vector else _F32)
+
+    def _load(builder, wp, at, fmt: int, vector: bool):
+        """The weight(s) at element ``at``: 8 as a float32 vector, or one float32."""
+        if fmt == F32:
+            kind = _VF if vector else _F32
+            return builder.load(builder.bitcast(builder.gep(wp, [at]), kind.as_pointer()), align=4)
+        kind = _VI16 if vector else _I16
+        return _widen(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), kind.as_pointer()), align=2),
+                      fmt, vector)
+
+    def _hsum(builder, s):
+        """The lanes of ``s`` added in the fixed tree: halves 4 + 4, 2 + 2, 1 + 1."""
+        width = VECTOR // 2
+        while width:
+            lo = builder.shuffle_vector(s, s, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
+            hi = builder.shuffle_vector(s, s, ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width))))
+            s, width = builder.fadd(lo, hi), width // 2
+        return builder.extract_element(s, ir.Constant(_I32, 0))
+
+    def _emit(builder, args, rows: int, outs: int, fmt: int):
+        x_addr, w_addr, k_dim, y_addr, y_stride = args
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731 - an i64 constant
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v8f32")
+        xp = builder.inttoptr(x_addr, _F32.as_pointer())
+        wp = builder.inttoptr(w_addr, (_F32 if fmt == F32 else _I16).as_pointer())
+        chunks = builder.sdiv(k_dim, c64(VECTOR))
+        zero = ir.Constant(_VF, [0.0] * VECTOR)
+        entry = builder.block
+        loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
+        builder.cbranch(builder.icmp_signed(">", chunks, c64(0)), loop, done)
+        builder.position_at_end(loop)  # one chunk of 8 products for every (row, output) pair
+        c = builder.phi(_I64)
+        accs = [[builder.phi(_VF) for _ in range(outs)] for _ in range(rows)]
+        k = builder.mul(c, c64(VECTOR))
+        _prefetch(builder, w_addr, k_dim, c, outs, fmt)
+        ws = [_load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, True) for j in range(outs)]
+        new = [[None] * outs for _ in range(rows)]
+        for r in range(rows):
+            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(builder.mul(k_dim, c64(r)), k)]),
+                                              _VF.as_pointer()), align=4)
+            for j in range(outs):
+                new[r][j] = builder.call(fma, [xv, ws[j], accs[r][j]])
+        step, tail = builder.add(c, c64(1)), builder.block
+        c.add_incoming(c64(0), entry)
+        c.add_incoming(step, tail)
+        for r in range(rows):
+            for j in range(outs):
+                accs[r][j].add_incoming(zero, entry)
+                accs[r][j].add_incoming(new[r][j], tail)
+        builder.cbranch(builder.icmp_signed("<", step, chunks), loop, done)
+        builder.position_at_end(done)
+        finals = [[builder.phi(_VF) for _ in range(outs)] for _ in range(rows)]  # phis first: LLVM's rule
+        for r in range(rows):
+            for j in range(outs):
+                finals[r][j].add_incoming(zero, entry)
+                finals[r][j].add_incoming(new[r][j], tail)
+        sums = [[_hsum(builder, finals[r][j]) for j in range(outs)] for r in range(rows)]
+        for r in range(rows):  # the K mod 8 leftovers, one by one, in order
+            for j in range(outs):
+                sums[r][j] = _leftovers(builder, xp, wp, k_dim, chunks, r, j, sums[r][j], fmt)
+        yp = builder.inttoptr(y_addr, _F32.as_pointer())
+        for r in range(rows):
+            for j in range(outs):
+                builder.store(sums[r][j], builder.gep(yp, [builder.add(builder.mul(y_stride, c64(r)), c64(j))]))
+
+    def _prefetch(builder, w_addr, k_dim, c, outs: int, fmt: int):
+        """Ask for the next tile's weights while this one runs, at the rate this one reads its own: a tile reads
+        ``outs`` short rows side by side (1-2 KB each), too short for the hardware's stream prefetcher to catch."""
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        item = 4 if fmt == F32 else 2
+        per_chunk = outs * VECTOR * item  # bytes this tile reads per chunk = bytes of the next block to ask for
+        i8p = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
+                                            "llvm.prefetch.p0i8")
+        at = builder.add(builder.add(w_addr, builder.mul(k_dim, c64(outs * item))), builder.mul(c, c64(per_chunk)))
+        for line in range(0, per_chunk, 64):  # one prefetch per 64-byte cache line
+            ptr = builder.inttoptr(builder.add(at, c64(line)), i8p)
+            builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+    def _leftovers(builder, xp, wp, k_dim, chunks, r: int, j: int, s, fmt: int):
+        """``s + x[r, k] * w[j, k]`` for ``k`` from ``chunks * 8`` to ``K``, one multiply and one add each."""
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        before = builder.block
+        body, after = builder.append_basic_block("tile.left"), builder.append_basic_block("tile.end")
+        first = builder.mul(chunks, c64(VECTOR))
+        builder.cbranch(builder.icmp_signed("<", first, k_dim), body, after)
+        builder.position_at_end(body)
+        k, acc = builder.phi(_I64), builder.phi(_F32)
+        x = builder.load(builder.gep(xp, [builder.add(builder.mul(k_dim, c64(r)), k)]))
+        w = _load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, False)
+        more, nxt = builder.fadd(acc, builder.fmul(x, w)), builder.add(k, c64(1))
+        k.add_incoming(first, before)
+        k.add_incoming(nxt, body)
+        acc.add_incoming(s, before)
+        acc.add_incoming(more, body)
+        builder.cbranch(builder.icmp_signed("<", nxt, k_dim), body, after)
+        builder.position_at_end(after)
+        out = builder.phi(_F32)
+        out.add_incoming(s, before)
+        out.add_incoming(more, body)
+        return out
+
+    def _tile(rows: int, outs: int, fmt: int):
+        """An intrinsic ``tile(x_addr, w_addr, K, y_addr, y_stride)``: rows ``x[0:rows]`` (``K`` floats apart) times
+        weight rows ``w[0:outs]`` (``K`` elements apart), stored at ``y[r * y_stride + j]``."""
+
+        @intrinsic
+        def tile(typingctx, x_addr, w_addr, k_dim, y_addr, y_stride):
+            def codegen(context, builder, signature, args):
+                _emit(builder, args, rows, outs, fmt)
+                return context.get_dummy_value()
+
+            return types.void(types.intp, types.intp, types.intp, types.intp, types.intp), codegen
+
+        return tile
+
+    _T = {(fmt, r, j): _tile(r, j, fmt) for fmt in (F32, BF16, FP16) for r in (1, PAIR) for j in (1, OUTS)}
+    f32_2x4, f32_1x4, f32_2x1, f32_1x1 = _T[F32, 2, 4], _T[F32, 1, 4], _T[F32, 2, 1], _T[F32, 1, 1]
+    bf16_2x4, bf16_1x4, bf16_2x1, bf16_1x1 = _T[BF16, 2, 4], _T[BF16, 1, 4], _T[BF16, 2, 1], _T[BF16, 1, 1]
+    fp16_2x4, fp16_1x4, fp16_2x1, fp16_1x1 = _T[FP16, 2, 4], _T[FP16, 1, 4], _T[FP16, 2, 1], _T[FP16, 1, 1]
+
+    @njit(cache=True, nogil=True, boundscheck=False, inline="always")
+    def _tile_at(fmt, rows, outs, xa, wa, k_dim, ya, n_out):  # pragma: no cover - compiled
+        """One tile call, the intrinsic picked by format and shape (well-predicted branches, once per tile)."""
+        if fmt == F32:
+            if rows == 2:
+                f32_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else f32_2x1(xa, wa, k_dim, ya, n_out)
+            else:
+                f32_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else f32_1x1(xa, wa, k_dim, ya, n_out)
+        elif fmt == BF16:
+            if rows == 2:
+                bf16_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else bf16_2x1(xa, wa, k_dim, ya, n_out)
+            else:
+                bf16_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else bf16_1x1(xa, wa, k_dim, ya, n_out)
+        else:
+            if rows == 2:
+                fp16_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else fp16_2x1(xa, wa, k_dim, ya, n_out)
+            else:
+                fp16_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else fp16_1x1(xa, wa, k_dim, ya, n_out)
+
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def dot_tiled(x, w, y, fmt, pair):  # pragma: no cover - compiled
+        """``y[r, j] = x[r] . widen(w[j])``: float32 ``x [n, K]``, ``w [N, K]`` (float32, or ``uint16`` bits of
+        bfloat16/float16 as ``fmt`` says), float32 ``y [n, N]``, all C-contiguous. Outputs in groups of
+        :data:`OUTS` (each group's weights stay in L1 while every row pair passes); ``pair``: rows two at a time
+        (same bits either way)."""
+        n, k_dim = x.shape
+        n_out = w.shape[0]
+        xa, wa, ya = x.ctypes.data, w.ctypes.data, y.ctypes.data
+        item = ITEM_BYTES[fmt]
+        j = 0
+        while j < n_out:
+            outs = OUTS if j + OUTS <= n_out else 1
+            r = 0
+            while r < n:
+                rows = PAIR if pair and r + PAIR <= n else 1
+                _tile_at(fmt, rows, outs, xa + r * k_dim * 4, wa + j * k_dim * item, k_dim, ya + (r * n_out + j) * 4,
+                         n_out)
+                r += rows
+            j += outs
+else:  # pragma: no cover - numba is a dependency; without it the plans never pick these, imports still work
+    def dot_tiled(x, w, y, fmt, pair):
+        if fmt != F32:
+            w = (w.astype(np.uint32) << 16).view(np.float32) if fmt == BF16 else w.view(np.float16).astype(np.float32)
+        y[:] = x @ w.T
