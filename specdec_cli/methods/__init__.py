@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..datastore import SUFFIX_ARRAY, TRIGRAM
-from ..config import MAX_MEMORY_TOKENS
+from ..config import AUTO_BUDGET, MAX_MEMORY_TOKENS, BudgetSpec
 from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # the registry is read without torch (`specdec methods`, option checks before loading)
@@ -36,10 +36,13 @@ class MethodContext:
     datastore: str | None = None
     window: int | None = None  # draft window K (method default when None)
     options: dict[str, str] = field(default_factory=dict)  # --opt key=value, method-specific
-    budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.engine.budget)
+    budget: BudgetSpec = AUTO_BUDGET  # --budget (specdec_cli.engine.budget); a spelling is parsed as the flag
     method: str = ""  # set by build_drafter: whose registered options ``opt`` reads
     datastores: list = field(default_factory=list)  # auto: every --datastore (kinds told apart by their manifest)
     opened: dict = field(default_factory=dict)  # folder -> datastore.OpenStore: opened once per run, shared
+
+    def __post_init__(self) -> None:
+        self.budget = BudgetSpec.parse(self.budget)  # a BudgetSpec as it comes; "paper", 8, ... read as --budget
 
     def store(self, folder) -> tuple[str, object]:
         """``(kind, store)``: this method's view of the run's opened store in ``folder`` (opened now if the caller
@@ -55,7 +58,7 @@ class MethodContext:
         """The value of a registered option of this method: ``--opt key=value`` parsed, else its default."""
         spec = METHODS[self.method].options[key]
         if key not in self.options:
-            return spec.paper if self.budget == "paper" and spec.paper is not None else spec.default
+            return spec.paper if self.budget.paper and spec.paper is not None else spec.default
         try:
             return spec.type(self.options[key])
         except ValueError:
