@@ -132,12 +132,13 @@ def llama_cpp_runner(name: str, target, cfg, progress=None) -> Runner:
 
     import torch
 
-    threads = cfg.threads or torch.get_num_threads()
+    threads = cfg.settings.threads or torch.get_num_threads()
     path = gguf_for(target, gguf_type(name, cfg.dtype), progress)
-    llm = Llama(model_path=str(path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads, seed=cfg.seed,
+    llm = Llama(model_path=str(path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads, seed=cfg.settings.seed,
                 verbose=False)
     stop = target.stop_ids
-    sampling = dict(temp=0.0) if cfg.greedy else dict(temp=cfg.temperature, top_k=0, top_p=1.0, min_p=0.0)
+    temperature = cfg.settings.sampling.temperature
+    sampling = dict(temp=0.0) if cfg.greedy else dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0)
 
     def run(ids: list[int], max_new_tokens: int) -> Generation:
         produced: list[int] = []

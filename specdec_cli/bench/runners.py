@@ -90,7 +90,7 @@ def hf_kwargs(method: str, target, drafts, cfg: BenchConfig) -> dict:
     if cfg.greedy:
         kwargs.update(temperature=None, top_p=None, top_k=None)
     else:
-        kwargs.update(temperature=cfg.temperature, top_p=1.0, top_k=0)
+        kwargs.update(temperature=cfg.settings.sampling.temperature, top_p=1.0, top_k=0)
     if method == "hf-assisted":
         if not drafts:
             raise SpecdecError("method hf-assisted needs a draft model (--draft)")
@@ -112,7 +112,7 @@ def hf_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
     def run(ids: list[int], max_new_tokens: int) -> Generation:
         input_ids = torch.tensor([ids], device=model.device)
         counter = ForwardCounter(model)
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.settings.seed)
         try:
             t0 = time.perf_counter()
             with torch.inference_mode():
@@ -224,13 +224,13 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
     are taken from it, new ones are added to it as they finish."""
     check_options([split_label(m, cfg.engine)[0] for m in methods], cfg.options)  # each key must be some method's
     for prompt in prompts:  # a prompt too long for -n is one error now, not after the prompts before it ran
-        encode_turn(target, prompt, 0, [], cfg.max_new_tokens)
+        encode_turn(target, prompt, 0, [], cfg.settings.max_new_tokens)
     opened = {} if opened is None else opened  # one open per datastore, shared by the methods
     engines = start_vllm_engines(cfg, target)
     try:
         runners = {m: make_runner(m, target, drafts, cfg, opened, engines) for m in methods}
         if cfg.warmup:
-            warm_up(target, prompts, runners, cfg.max_new_tokens)
+            warm_up(target, prompts, runners, cfg.settings.max_new_tokens)
         generations = run_units(target, cfg, prompts, methods, runners, checkpoint)
         for runner in runners.values():
             if hasattr(runner, "drafter"):
@@ -260,7 +260,8 @@ def run_units(target, cfg: BenchConfig, prompts: list[Prompt], methods: list[str
                 else:
                     if restore.get(method) is not None:  # continue from where the interrupted run stood
                         restore_state(runners[method], method, restore.pop(method), checkpoint)
-                    gens = run_prompt(target, prompt, method, runners[method], cfg.max_new_tokens, lambda: None)
+                    gens = run_prompt(target, prompt, method, runners[method], cfg.settings.max_new_tokens,
+                                      lambda: None)
                     if checkpoint:
                         checkpoint.add(prompt.id, method, gens, runners[method].state())
                 generations += gens

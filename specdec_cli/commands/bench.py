@@ -68,7 +68,7 @@ def bench(
         from ..config import RunSettings, SamplingConfig
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
-        RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked now
+        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked
         names, options = split_methods(methods), {**parse_opts(opt), **({"memory_dir": memory} if memory else {})}
         labels = check_methods_and_options(names, options, compile, memory, engine)
         vllm = bench_vllm_settings(labels, engine, (tensor_parallel_size, pipeline_parallel_size,
@@ -76,10 +76,9 @@ def bench(
         from .. import bench as lib
 
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=labels, prompts=prompts,
-                              limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
-                              datastore=list(datastore or []), window=window, options=options, threads=threads,
-                              budget=budget, kernels=kernels, compile=compile, engine=engine, vllm=vllm)
+                              limit=limit, offset=offset, category=category, settings=settings, warmup=warmup,
+                              dtype=dtype, device=device, datastore=list(datastore or []), options=options,
+                              kernels=kernels, compile=compile, engine=engine, vllm=vllm)
         if batch_size is None:
             return run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
         run_throughput(lib, cfg, batch_size, names, out, (resume, compare_to, plot), as_json)
@@ -177,8 +176,6 @@ def check_stores(lib, cfg) -> dict:
 
 
 def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, as_json: bool) -> None:
-    from dataclasses import asdict
-
     from .. import api
     from ..bench.checkpoint import Checkpoint
     from ..errors import Interrupted
@@ -194,7 +191,7 @@ def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, a
         lib.check_plot_path(plot)
     if out:
         lib.check_out_file(out)
-    checkpoint = Checkpoint(out, asdict(cfg), resume)  # locks OUT.partial: a second run on --out is refused
+    checkpoint = Checkpoint(out, cfg.to_json(), resume)  # locks OUT.partial: a second run on --out is refused
     quiet_libraries()
     prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)  # before the model loads
     target, drafts = load_models(api, cfg)
