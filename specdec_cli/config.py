@@ -6,7 +6,7 @@ torch or a model loads.
 * :class:`BudgetSpec` -- ``--budget``: adaptive (``auto``), the papers' settings (``paper``) or a node limit;
 * :class:`RunSettings` -- everything a generation is asked for: new tokens, sampling, seed, draft window, budget,
   threads;
-* the engines (``--engine``) and the methods of the outside ones (transformers' baselines, vLLM's).
+* the engines (``--engine``) and vLLM's methods (bench's outside baselines: :mod:`specdec_cli.bench.baselines`).
 """
 
 from __future__ import annotations
@@ -16,21 +16,6 @@ from dataclasses import asdict, dataclass
 
 from .errors import SpecdecError
 
-HF_BASELINES = {  # transformers' own decoding, as bench baselines
-
-    "hf": "transformers generate(), greedy",
-    "hf-assisted": "transformers generate(assistant_model=first --draft)",
-    "hf-pld": "transformers generate(prompt_lookup_num_tokens=10)",
-    "hf-static": "transformers generate(cache_implementation='static'), compiled by transformers where it compiles",
-}
-LLAMA_CPP_METHODS = {  # llama.cpp's plain decoding, as bench baselines (specdec_cli.bench.llama_cpp; the extra)
-    "llama-cpp": "llama.cpp (llama-cpp-python), greedy, on a GGUF of the run's weights (F32, BF16 or F16 as --dtype)",
-    "llama-cpp-f32": "llama.cpp on an F32 GGUF of the model",
-    "llama-cpp-f16": "llama.cpp on an F16 GGUF of the model",
-    "llama-cpp-bf16": "llama.cpp on a BF16 GGUF of the model",
-    "llama-cpp-stored": "llama.cpp on the GGUF file as it ships (quantized: 8-bit activations, another model)",
-}
-OUTSIDE_BASELINES = (*HF_BASELINES, *LLAMA_CPP_METHODS)  # bench methods that are not specdec's (no --opt, no batch)
 ENGINES = {  # --engine: where the target runs
     "specdec": "specdec's own engine (PyTorch + transformers): every method",
     "vllm": "vLLM (the extra: bash scripts/install-vllm.sh): its plain decoding, its drafters, specdec's proposer",

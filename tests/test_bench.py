@@ -337,3 +337,17 @@ def test_v1_records_read_merge_and_report_as_v2():
     merged = lib.merge_records([old, a])
     assert merged["schema"] == lib.RECORD_SCHEMA and merged["config"]["settings"] == a["config"]["settings"]
     assert merged["num_prompts"] == 4  # shard_record says 2 prompts each
+
+
+def test_baselines_registry_is_one_entry_each():
+    """Every outside baseline names a help text and a runner factory that imports (bench.baselines), and is a
+    method label of specdec's engine: adding one is one entry."""
+    import importlib
+
+    from specdec_cli.bench.baselines import OUTSIDE_BASELINES
+    from specdec_cli.bench.labels import methods_of
+
+    for name, baseline in OUTSIDE_BASELINES.items():
+        module, function = baseline.runner.split(":")
+        assert baseline.help and callable(getattr(importlib.import_module(f"specdec_cli.bench.{module}"), function))
+        assert name in methods_of("specdec") and lib.method_list([name]) == ["ar", name]

@@ -50,7 +50,7 @@ def test_a_typed_gguf_is_the_stored_one_dequantized(tmp_path, kind, stored):
 
 
 def test_method_names_and_types():
-    from specdec_cli.methods import method_list
+    from specdec_cli.bench.labels import method_list
 
     assert method_list(["auto", "llama-cpp", "llama-cpp-f16"]) == ["ar", "auto", "llama-cpp", "llama-cpp-f16"]
     assert [llama_cpp.gguf_type("llama-cpp", d) for d in ("float32", "bfloat16", "float16", "auto")] == \

@@ -1,4 +1,4 @@
-"""Benchmark configuration, one timed generation, and the method list."""
+"""Benchmark configuration, one timed generation, and the record schema (its /1 configs upgraded on reading)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..errors import SpecdecError
-from ..config import HF_BASELINES, LLAMA_CPP_METHODS, BudgetSpec, RunSettings, SamplingConfig  # noqa: F401
+from ..config import BudgetSpec, RunSettings, SamplingConfig  # noqa: F401 - SamplingConfig re-exported
 
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
@@ -87,13 +87,3 @@ class Generation:
 
 
 Runner = Callable[[list[int], int], Generation]
-
-
-def method_list(methods: list[str], engine: str = "specdec") -> list[str]:
-    """Validated method labels, the run's baseline first (``ar``, or ``vllm`` on ``--engine vllm``; added when
-    missing: speedups and the identity check need it). ``NAME@ENGINE`` picks an engine (bench.engines)."""
-    from ..methods import method_list as labels
-
-    return labels(methods, engine)
-
-

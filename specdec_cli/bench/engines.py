@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..methods import BASELINES, engine_of, label_of, method_list, split_label  # noqa: F401 - re-exported
+from .labels import BASELINES, engine_of, label_of, method_list, split_label  # noqa: F401 - re-exported
 from .config import Generation, Runner
 
 def vllm_options(cfg, batch: int = 1, kv_tokens: int | None = None):

@@ -21,10 +21,11 @@ from .. import api
 from ..errors import SpecdecError
 from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..runtime.machine import set_threads
-from ..config import OUTSIDE_BASELINES
+from .baselines import OUTSIDE_BASELINES
 from .config import WARMUP_TOKENS
 from .records import git_commit, machine_info
-from .runners import ForwardCounter, cut_at_stop, encode_turn, hf_kwargs
+from .hf import ForwardCounter, hf_kwargs
+from .runners import cut_at_stop, encode_turn
 
 SCHEMA = "specdec-bench-throughput/2"  # /2: the config holds the run's settings as one object (as bench's)
 READ_SCHEMAS = ("specdec-bench-throughput/1", SCHEMA)  # an --out of /1 records is appended to
@@ -47,7 +48,7 @@ def parse_sizes(text: str) -> list[int]:
 def check_methods(methods: list[str], engine: str = "specdec") -> list[str]:
     """The methods to run batched, as labels (``ar`` runs sequentially as the baseline, and batched when asked
     for; vLLM's methods run on vLLM at each batch size)."""
-    from ..methods import label_of, split_label
+    from .labels import label_of, split_label
 
     refused = [m for m in methods if split_label(m, engine)[0] in OUTSIDE_BASELINES]
     if refused:
@@ -203,7 +204,7 @@ def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | No
     """Run the throughput mode; returns its record."""
     set_threads(cfg.settings.threads)
     log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
-    from ..methods import split_label
+    from .labels import split_label
     from .engines import close_engines, start_vllm_engines
 
     ids = [encode_turn(target, p, 0, [], cfg.settings.max_new_tokens) for p in prompts]

@@ -114,7 +114,7 @@ def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as
 def load_models(api, cfg):
     """The target and drafts when a method runs on specdec's engine; the model's text side alone otherwise
     (vLLM loads the weights in its own processes)."""
-    from ..methods import engine_of
+    from ..bench.labels import engine_of
 
     if any(engine_of(m, cfg.engine) == "specdec" for m in cfg.methods):
         return api.load(cfg.model, cfg.drafts, cfg.dtype, cfg.device, cfg.kernels)
@@ -126,8 +126,9 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
     """Method labels (``NAME`` or ``NAME@ENGINE``), --opt values (against every method of the run that takes
     them), --compile, --memory: all before torch is imported (an error comes in well under 1 s). Returns the run's
     labels, its baseline first."""
-    from ..config import OUTSIDE_BASELINES
-    from ..methods import check_options, method_list, split_label
+    from ..bench.baselines import OUTSIDE_BASELINES
+    from ..bench.labels import method_list, split_label
+    from ..methods import check_options
     from ..runtime.cache_mode import check as check_compile
 
     labels = method_list(names, engine)
@@ -146,7 +147,7 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
 
 def bench_vllm_settings(labels: list[str], engine: str, flags_given: tuple, options: dict, datastore) -> dict:
     """vLLM's settings when the run holds a vLLM method (``{}`` otherwise, with the vLLM flags refused)."""
-    from ..methods import engine_of
+    from ..bench.labels import engine_of
     from .on_vllm import PROPOSER_OPTIONS, vllm_settings
 
     on_vllm = any(engine_of(m, engine) == "vllm" for m in labels)
@@ -161,7 +162,7 @@ def check_stores(lib, cfg) -> dict:
     methods."""
     from ..methods import precheck_datastore
 
-    from ..methods import split_label
+    from ..bench.labels import split_label
 
     stores, opened = [], {}
     for name in (split_label(m, cfg.engine)[0] for m in cfg.methods):
