@@ -351,3 +351,16 @@ def test_baselines_registry_is_one_entry_each():
         module, function = baseline.runner.split(":")
         assert baseline.help and callable(getattr(importlib.import_module(f"specdec_cli.bench.{module}"), function))
         assert name in methods_of("specdec") and lib.method_list([name]) == ["ar", name]
+
+
+def test_api_keywords_override_the_settings_given():
+    """``api.run``/``make_drafter``/``run_batch``: keywords given with a RunSettings replace its fields (checked
+    again), never dropped; alone they make the settings."""
+    from specdec_cli.api import with_values
+
+    settings = RunSettings(64, budget="paper")
+    short = with_values(settings, {"max_new_tokens": 8})
+    assert short.max_new_tokens == 8 and short.budget.paper and with_values(settings, {}) is settings
+    assert with_values(None, {"budget": "4"}).budget.limit == 4
+    with pytest.raises(SpecdecError, match="max-new-tokens"):
+        with_values(settings, {"max_new_tokens": 0})
