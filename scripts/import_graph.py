@@ -8,6 +8,7 @@ the layers (:data:`LAYERS`: a module imports only from its own package or from l
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -70,7 +71,24 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
             if current == "specdec_cli.methods":  # the registry imports every method module by name
                 found |= {m for m in modules if m.startswith("specdec_cli.methods.")}
+            else:  # a table of names imported on first use: ".x"/"..x.y" or "module:function" of the package
+                found |= named_modules(path, current, is_package)
     return {m for m in found if m in modules and m != current}
+
+
+def named_modules(path: Path, current: str, is_package: bool) -> set[str]:
+    """The modules a lazy table in ``path`` names by string (bench's exports and baselines registry)."""
+    package = current if is_package else current.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if re.fullmatch(r"\.{1,2}[\w.]+", text):
+                level = len(text) - len(text.lstrip("."))
+                found.add(resolve(current, is_package, level, text.lstrip(".")))
+            elif re.fullmatch(r"\w+:\w+", text):
+                found.add(f"{package}.{text.split(':')[0]}")
+    return found
 
 
 def main() -> int:

@@ -51,8 +51,9 @@ def describe(path: Path) -> str:
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         return ""
     cfg = record["config"]
+    n = (cfg.get("settings") if isinstance(cfg.get("settings"), dict) else cfg).get("max_new_tokens")  # /2 or /1
     parts = [cfg.get("model"), record.get("prompt_set") or cfg.get("prompts"),
-             f"{cfg.get('max_new_tokens')} tokens" if cfg.get("max_new_tokens") else None,
+             f"{n} tokens" if n else None,
              ",".join(cfg.get("methods") or []) or None,
              f"engine {cfg['engine']}" if cfg.get("engine", "specdec") != "specdec" else None,
              f"B={','.join(map(str, record['batch_sizes']))}" if record.get("batch_sizes") else None,

@@ -27,7 +27,8 @@ def table(record: dict) -> str:
     base_rates = rates(base)
     cats = list(base_rates)
     head = ["method", "engine", "tok/s", "x vllm", *(f"x vllm {c}" for c in cats), "accepted length", "identical"]
-    lines = [f"**{record['config']['model']}** ({record['num_prompts']} prompts, {record['config']['max_new_tokens']}"
+    settings = record["config"].get("settings", record["config"])  # specdec-bench/2 nests them; /1 kept them flat
+    lines = [f"**{record['config']['model']}** ({record['num_prompts']} prompts, {settings['max_new_tokens']}"
              f" new tokens, {record['machine'].get('cpu', '')})", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from .runtime import profile
 from .runtime import decoder, kernels
 from .runtime.dot import warm_up
-from .config import RunSettings, SamplingConfig, check_batch_size
+from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig, check_batch_size
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
@@ -32,7 +32,7 @@ from .io.models import LoadedModel, LoadedText, load_draft, load_model
 from .io.models import load_text as _load_text
 
 __all__ = ["load", "load_text", "encode_prompt", "make_drafter", "make_drafters", "run", "run_batch", "vllm_engine",
-           "decode", "METHODS", "RunSettings", "SamplingConfig", "SpecdecError"]
+           "decode", "METHODS", "BudgetSpec", "RunSettings", "SamplingConfig", "SpecdecError"]
 
 
 def note(message: str) -> None:
@@ -124,9 +124,9 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
         check_options([method], ctx.options)
     drafter = build_drafter(method, ctx)
     if method == "ar":  # nothing to select or gate
-        mode = "paper"
+        mode = PAPER_BUDGET
     cache_mode = resolve(compile, target.model)  # the budget prices drafts with the forward times of this path
-    times = profile.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode == "auto" else None
+    times = profile.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode.adaptive else None
     drafter.budget = Budget(mode, times, gate=drafter.gated_by_budget, trust_scores=drafter.calibrated_scores,
                             cheap_probe=not drafter.probe_prefills)
     drafter.cache_mode = cache_mode
@@ -167,7 +167,7 @@ def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Draf
     per step for the whole batch. ``on_result(index, result)`` as each prompt finishes; results in input order."""
     settings = with_values(settings, values)
     times = None
-    if drafters and drafters[0].budget.mode == "auto" and len(drafters) > 1:  # priced with measured batch forwards
+    if drafters and drafters[0].budget.mode.adaptive and len(drafters) > 1:  # priced with measured batch forwards
         from .runtime.batch_profile import batch_times_for
 
         times = batch_times_for(target.model, min(len(drafters), len(prompts)), progress=note)

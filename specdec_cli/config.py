@@ -3,34 +3,19 @@ passed down as these objects: nothing below re-checks them. Torch-free, so that 
 torch or a model loads.
 
 * :class:`SamplingConfig` -- temperature, top-p, top-k;
-* :func:`parse_budget` -- ``--budget`` as ``"auto"``, ``"paper"`` or a node count;
+* :class:`BudgetSpec` -- ``--budget``: adaptive (``auto``), the papers' settings (``paper``) or a node limit;
 * :class:`RunSettings` -- everything a generation is asked for: new tokens, sampling, seed, draft window, budget,
   threads;
-* the engines (``--engine``) and the methods of the outside ones (transformers' baselines, vLLM's).
+* the engines (``--engine``) and vLLM's methods (bench's outside baselines: :mod:`specdec_cli.bench.baselines`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .errors import SpecdecError
 
-HF_BASELINES = {  # transformers' own decoding, as bench baselines
-
-    "hf": "transformers generate(), greedy",
-    "hf-assisted": "transformers generate(assistant_model=first --draft)",
-    "hf-pld": "transformers generate(prompt_lookup_num_tokens=10)",
-    "hf-static": "transformers generate(cache_implementation='static'), compiled by transformers where it compiles",
-}
-LLAMA_CPP_METHODS = {  # llama.cpp's plain decoding, as bench baselines (specdec_cli.bench.llama_cpp; the extra)
-    "llama-cpp": "llama.cpp (llama-cpp-python), greedy, on a GGUF of the run's weights (F32, BF16 or F16 as --dtype)",
-    "llama-cpp-f32": "llama.cpp on an F32 GGUF of the model",
-    "llama-cpp-f16": "llama.cpp on an F16 GGUF of the model",
-    "llama-cpp-bf16": "llama.cpp on a BF16 GGUF of the model",
-    "llama-cpp-stored": "llama.cpp on the GGUF file as it ships (quantized: 8-bit activations, another model)",
-}
-OUTSIDE_BASELINES = (*HF_BASELINES, *LLAMA_CPP_METHODS)  # bench methods that are not specdec's (no --opt, no batch)
 ENGINES = {  # --engine: where the target runs
     "specdec": "specdec's own engine (PyTorch + transformers): every method",
     "vllm": "vLLM (the extra: bash scripts/install-vllm.sh): its plain decoding, its drafters, specdec's proposer",
@@ -67,19 +52,51 @@ class SamplingConfig:
             raise SpecdecError(f"--top-k must be >= 0, got {self.top_k}")
 
 
-def parse_budget(spec: str | int | None) -> str | int:
-    """``auto`` (default), ``paper``, or a positive number of draft nodes."""
-    if spec is None or spec == "auto":
-        return "auto"
-    if spec == "paper":
-        return "paper"
-    try:
-        n = int(spec)
-    except (TypeError, ValueError):
-        raise SpecdecError(f"--budget must be auto, paper or a number of draft tokens, got {spec!r}") from None
-    if n < 0:
-        raise SpecdecError(f"--budget must be >= 0, got {n}")
-    return n
+@dataclass(frozen=True)
+class BudgetSpec:
+    """``--budget``, parsed once (:meth:`parse`): adaptive (``auto``: verify what pays on this machine), the
+    papers' settings (``paper``: each drafter's own configuration, verified whole), or a ``limit`` of draft nodes
+    (the ``limit`` most likely accepted; 0: no drafting). ``str()`` gives the flag's spelling and :meth:`to_json`
+    the value records and checkpoints hold (``"auto"``, ``"paper"`` or the integer), which :meth:`parse` reads
+    back."""
+
+    limit: int | None = None  # a node limit; None: auto or paper
+    paper: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and (self.paper or isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 0):
+            raise SpecdecError(f"--budget must be auto, paper or a number of draft tokens >= 0, got {self.limit!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.limit is None and not self.paper
+
+    @classmethod
+    def parse(cls, spec: "BudgetSpec | str | int | None") -> "BudgetSpec":
+        """``auto`` (also None: the default), ``paper``, or a number of draft nodes >= 0 (an int or its digits)."""
+        if isinstance(spec, cls):
+            return spec
+        if spec is None or spec == "auto":
+            return cls()
+        if spec == "paper":
+            return cls(paper=True)
+        try:
+            n = int(spec)
+        except (TypeError, ValueError):
+            raise SpecdecError(f"--budget must be auto, paper or a number of draft tokens, got {spec!r}") from None
+        if n < 0:
+            raise SpecdecError(f"--budget must be >= 0, got {n}")
+        return cls(limit=n)
+
+    def to_json(self) -> str | int:
+        return "paper" if self.paper else "auto" if self.limit is None else self.limit
+
+    def __str__(self) -> str:
+        return str(self.to_json())
+
+
+AUTO_BUDGET, PAPER_BUDGET = BudgetSpec(), BudgetSpec(paper=True)
 
 
 def positive(value: int | None, flag: str) -> None:
@@ -118,14 +135,19 @@ class RunSettings:
     sampling: SamplingConfig = SamplingConfig()
     seed: int = 0
     window: int | None = None  # draft window K; None: the method's default
-    budget: str | int = "auto"  # --budget, parsed: "auto", "paper" or a node count
+    budget: BudgetSpec = AUTO_BUDGET  # --budget; given as "auto", "paper" or a node count, parsed here
     threads: int | None = None  # torch CPU threads; None: torch's choice
 
     def __post_init__(self) -> None:
         positive(self.max_new_tokens, "--max-new-tokens")
         positive(self.window, "--window")
         check_threads(self.threads)
-        object.__setattr__(self, "budget", parse_budget(self.budget))
+        object.__setattr__(self, "budget", BudgetSpec.parse(self.budget))
+
+    def to_json(self) -> dict:
+        """As bench records and checkpoints hold it: ``sampling`` a nested object, the budget as its spelling
+        (``"auto"``, ``"paper"`` or the integer)."""
+        return {**asdict(self), "budget": self.budget.to_json()}
 
 
 def check_prompt_size(text: str | bytes, what: str = "prompt") -> None:

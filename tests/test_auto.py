@@ -280,8 +280,9 @@ def test_auto_greedy_matches_ar_on_gemma3():
 @pytest.mark.slow
 def test_bench_reports_sources_and_keeps_the_memory_when_asked(smollm2, tmp_path):
     from specdec_cli.bench import BenchConfig, benchmark
+    from specdec_cli.config import RunSettings
 
-    cfg = BenchConfig(methods=["ar", "auto"], prompts="humaneval", limit=2, max_new_tokens=12, warmup=False,
+    cfg = BenchConfig(methods=["ar", "auto"], prompts="humaneval", limit=2, settings=RunSettings(12), warmup=False,
                       options={"memory_dir": str(tmp_path / "mem")})
     record = benchmark(cfg, smollm2, [])
     assert record["memory"] == {"on": True, "across_runs": True, "dir": str(tmp_path / "mem")}
@@ -290,7 +291,7 @@ def test_bench_reports_sources_and_keeps_the_memory_when_asked(smollm2, tmp_path
     assert set(auto["sources"]) == {"context", "memory"}
     assert sum(p["sources"]["context"]["steps"] for p in auto["per_prompt"]) == auto["sources"]["context"]["steps"]
     assert len(OutputMemory.load(tmp_path / "mem", smollm2.fingerprint, smollm2.vocab_size).sequences) == 2
-    plain = benchmark(BenchConfig(methods=["ar"], prompts="humaneval", limit=1, max_new_tokens=4, warmup=False),
+    plain = benchmark(BenchConfig(methods=["ar"], prompts="humaneval", limit=1, settings=RunSettings(4), warmup=False),
                       smollm2, [])
     assert plain["memory"] is None  # no auto, nothing to say
 

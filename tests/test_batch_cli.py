@@ -48,7 +48,7 @@ def test_bench_throughput_mode_reports_every_run(tmp_path):
                    "--methods", "ar,auto", "--json", "--out", str(out))
     assert proc.returncode == 0, proc.stderr.decode()
     record = json.loads(proc.stdout.decode())
-    assert record["schema"] == "specdec-bench-throughput/1" and json.loads(out.read_text()) == record
+    assert record["schema"] == "specdec-bench-throughput/2" and json.loads(out.read_text()) == record
     runs = {(r["method"], r["batch_size"]) for r in record["rows"]}
     assert runs == {("ar", "sequential"), ("hf-batch", 1), ("hf-batch", 2), ("auto", 1), ("auto", 2), ("ar", 1),
                     ("ar", 2)}

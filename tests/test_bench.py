@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from specdec_cli import bench as lib
 from specdec_cli.cli import app
+from specdec_cli.config import RunSettings, SamplingConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.io.prompts import load_prompts
 
@@ -139,7 +140,7 @@ def test_real_run_record_fields(real_run):
     assert set(record["machine"]) >= {"platform", "cpu", "gpu", "torch", "transformers", "specdec"}
     assert record["machine"]["torch_threads"] == 1
     assert "git_commit" in record and "timestamp" in record
-    assert record["config"]["max_new_tokens"] == 8 and record["config"]["methods"] == METHODS.split(",")
+    assert record["config"]["settings"]["max_new_tokens"] == 8 and record["config"]["methods"] == METHODS.split(",")
     by = {r["method"]: r for r in record["results"]}
     assert list(by) == METHODS.split(",")
     for r in by.values():
@@ -248,7 +249,7 @@ def test_runners_on_a_tiny_model_greedy_and_sampled():
     for method in ("hf", "hf-pld"):
         gen = lib.make_runner(method, target, [], cfg)(ids, 12)
         assert gen.tokens == ar.tokens and gen.forwards >= 1
-    hot = lib.BenchConfig(temperature=1.0, seed=3)
+    hot = lib.BenchConfig(settings=RunSettings(sampling=SamplingConfig(1.0), seed=3))
     a = lib.make_runner("hf", target, [], hot)(ids, 12).tokens
     assert a == lib.make_runner("hf", target, [], hot)(ids, 12).tokens  # seeded: reproducible
     with pytest.raises(SpecdecError, match="needs a draft"):
@@ -301,7 +302,7 @@ def test_merge_records_pools_counts_of_disjoint_shards(tmp_path):
     with pytest.raises(SpecdecError, match="overlap"):
         lib.merge_records([a, a])
     c = copy.deepcopy(b)
-    c["config"]["max_new_tokens"] = 64
+    c["config"]["settings"]["max_new_tokens"] = 64
     with pytest.raises(SpecdecError, match="max_new_tokens"):
         lib.merge_records([a, c])
     for i, rec in enumerate((a, b)):
@@ -310,3 +311,56 @@ def test_merge_records_pools_counts_of_disjoint_shards(tmp_path):
     assert res.exit_code == 0 and json.loads(res.stdout)["num_prompts"] == 4
     res = CliRunner().invoke(app, ["bench-merge", str(tmp_path / "0.jsonl"), str(tmp_path / "0.jsonl")])
     assert res.exit_code == 2 and "overlap" in res.output
+
+
+def as_v1(record: dict) -> dict:
+    """``record`` as specdec-bench/1 wrote it: the run's settings flat in the config, the budget as typed."""
+    old = copy.deepcopy(record)
+    config, settings = old["config"], old["config"].pop("settings")
+    config.update(max_new_tokens=settings["max_new_tokens"], temperature=settings["sampling"]["temperature"],
+                  seed=settings["seed"], window=settings["window"], budget=str(settings["budget"]),
+                  threads=settings["threads"])
+    return {**old, "schema": "specdec-bench/1"}
+
+
+def test_v1_records_read_merge_and_report_as_v2():
+    """Stored specdec-bench/1 records (docs/results) still read: checked, upgraded, merged with /2 shards, titled."""
+    from specdec_cli.bench.config import upgraded_config
+    from specdec_cli.bench.report import title
+
+    a = shard_record([gen("ar", "p0", 10, 1.0, 10), gen("pld", "p0", 10, 0.5, 5, 8, 5)], 0)
+    b = shard_record([gen("ar", "p1", 10, 1.0, 10), gen("pld", "p1", 10, 0.5, 5, 8, 5)], 1)
+    old = as_v1(b)
+    assert a["schema"] == lib.RECORD_SCHEMA == "specdec-bench/2" and "settings" not in old["config"]
+    assert lib.record_problem(old, merge=True) is None and upgraded_config(old["config"]) == b["config"]
+    assert title(old) == title(b)
+    merged = lib.merge_records([old, a])
+    assert merged["schema"] == lib.RECORD_SCHEMA and merged["config"]["settings"] == a["config"]["settings"]
+    assert merged["num_prompts"] == 4  # shard_record says 2 prompts each
+
+
+def test_baselines_registry_is_one_entry_each():
+    """Every outside baseline names a help text and a runner factory that imports (bench.baselines), and is a
+    method label of specdec's engine: adding one is one entry."""
+    import importlib
+
+    from specdec_cli.bench.baselines import OUTSIDE_BASELINES
+    from specdec_cli.bench.labels import methods_of
+
+    for name, baseline in OUTSIDE_BASELINES.items():
+        module, function = baseline.runner.split(":")
+        assert baseline.help and callable(getattr(importlib.import_module(f"specdec_cli.bench.{module}"), function))
+        assert name in methods_of("specdec") and lib.method_list([name]) == ["ar", name]
+
+
+def test_api_keywords_override_the_settings_given():
+    """``api.run``/``make_drafter``/``run_batch``: keywords given with a RunSettings replace its fields (checked
+    again), never dropped; alone they make the settings."""
+    from specdec_cli.api import with_values
+
+    settings = RunSettings(64, budget="paper")
+    short = with_values(settings, {"max_new_tokens": 8})
+    assert short.max_new_tokens == 8 and short.budget.paper and with_values(settings, {}) is settings
+    assert with_values(None, {"budget": "4"}).budget.limit == 4
+    with pytest.raises(SpecdecError, match="max-new-tokens"):
+        with_values(settings, {"max_new_tokens": 0})

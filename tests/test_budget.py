@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_cli.engine import trees
-from specdec_cli.config import parse_budget
+from specdec_cli.config import AUTO_BUDGET, PAPER_BUDGET, BudgetSpec, RunSettings
 from specdec_cli.engine.budget import Budget, Calibrator
 from specdec_cli.engine.loop import Drafter, generate
 from specdec_cli.errors import SpecdecError
@@ -72,10 +72,23 @@ def test_calibrator_learns_that_a_drafter_is_underconfident():
 
 
 def test_parse_budget():
-    assert parse_budget(None) == "auto" and parse_budget("paper") == "paper" and parse_budget("7") == 7
-    for bad in ("lots", "-1"):
+    assert BudgetSpec.parse(None) == AUTO_BUDGET and BudgetSpec.parse("auto").adaptive
+    assert BudgetSpec.parse("paper") == PAPER_BUDGET and BudgetSpec.parse("paper").paper
+    assert BudgetSpec.parse("7").limit == 7 == BudgetSpec.parse(7).limit and BudgetSpec.parse(0).limit == 0
+    assert not BudgetSpec.parse("7").adaptive and not BudgetSpec.parse("7").paper
+    for bad in ("lots", "-1", -1):
         with pytest.raises(SpecdecError):
-            parse_budget(bad)
+            BudgetSpec.parse(bad)
+
+
+def test_budget_spec_reads_back_as_written():
+    """Records, checkpoints and the CLI keep today's spellings: "auto", "paper" or the integer."""
+    for spelling, as_json in (("auto", "auto"), ("paper", "paper"), ("16", 16), (16, 16), ("0", 0)):
+        spec = BudgetSpec.parse(spelling)
+        assert spec.to_json() == as_json and str(spec) == str(as_json)
+        assert BudgetSpec.parse(spec.to_json()) == spec and BudgetSpec.parse(spec) is spec
+    assert RunSettings(budget="16").to_json()["budget"] == 16 and RunSettings().to_json()["budget"] == "auto"
+    assert Budget("paper").mode == PAPER_BUDGET and Budget(3).stats()["budget"] == 3
 
 
 class UselessDrafter(Drafter):

@@ -18,13 +18,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import assert_user_error, snapshot, tiny_llama
+from specdec_cli.config import RunSettings
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 CMD = [sys.executable, "-m", "specdec_cli.cli"]
@@ -334,9 +334,9 @@ def bench_config(prompts: Path) -> dict:
     """The configuration ``bench --methods auto --prompts P -n 2 --threads 1 --no-warmup --out ...`` records."""
     from specdec_cli import bench as lib
 
-    cfg = lib.BenchConfig(methods=lib.method_list(["auto"]), prompts=str(prompts), max_new_tokens=2, warmup=False,
-                          threads=1)
-    return json.loads(json.dumps(asdict(cfg)))
+    cfg = lib.BenchConfig(methods=lib.method_list(["auto"]), prompts=str(prompts), warmup=False,
+                          settings=RunSettings(2, threads=1))
+    return json.loads(json.dumps(cfg.to_json()))
 
 
 RESUMED = ["bench", "--methods", "auto", "-n", "2", "--threads", "1", "--no-warmup"]
@@ -503,11 +503,12 @@ def test_throughput_warm_ups_are_short(monkeypatch):
     monkeypatch.setattr(api, "generate", lambda *a, **k: asked.append(k["max_new_tokens"]) or generate(*a, **k))
     monkeypatch.setattr(api, "generate_batch",
                         lambda *a, **k: asked.append(k["max_new_tokens"]) or generate_batch(*a, **k))
-    target, cfg = tiny_target(), BenchConfig(methods=["ar"], max_new_tokens=WARMUP_TOKENS + 4, budget="paper")
+    target, cfg = tiny_target(), BenchConfig(methods=["ar"], settings=RunSettings(WARMUP_TOKENS + 4, budget="paper"))
     ids = [[1, 2, 3], [4, 5]]
     throughput.sequential_ar(target, ids, cfg.settings, True)
     throughput.timed_ours("ar", target, [], ids, 2, cfg, None, {})
-    assert asked == [WARMUP_TOKENS, cfg.max_new_tokens, cfg.max_new_tokens, WARMUP_TOKENS, cfg.max_new_tokens]
+    n = cfg.settings.max_new_tokens
+    assert asked == [WARMUP_TOKENS, n, n, WARMUP_TOKENS, n]
 
 
 def test_a_batched_run_leaves_each_drafters_own_prices():

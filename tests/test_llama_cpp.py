@@ -50,7 +50,7 @@ def test_a_typed_gguf_is_the_stored_one_dequantized(tmp_path, kind, stored):
 
 
 def test_method_names_and_types():
-    from specdec_cli.methods import method_list
+    from specdec_cli.bench.labels import method_list
 
     assert method_list(["auto", "llama-cpp", "llama-cpp-f16"]) == ["ar", "auto", "llama-cpp", "llama-cpp-f16"]
     assert [llama_cpp.gguf_type("llama-cpp", d) for d in ("float32", "bfloat16", "float16", "auto")] == \
@@ -77,10 +77,11 @@ def test_llama_cpp_decodes_the_same_prompts_in_the_same_run(smollm2, tmp_path, m
     """llama.cpp on an F32 GGUF of SmolLM2's own file beside ar: the same prompt ids, timed the same way (its
     decode rate reported), its outputs checked against ar's (the issue measured them identical)."""
     from specdec_cli.bench import BenchConfig, benchmark
+    from specdec_cli.config import RunSettings
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    cfg = BenchConfig(methods=["ar", "llama-cpp"], prompts="humaneval", limit=2, max_new_tokens=16, warmup=False,
-                      threads=1, dtype="float32")
+    cfg = BenchConfig(methods=["ar", "llama-cpp"], prompts="humaneval", limit=2, warmup=False,
+                      settings=RunSettings(16, threads=1), dtype="float32")
     record = benchmark(cfg, smollm2, [])
     row = next(r for r in record["results"] if r["method"] == "llama-cpp")
     assert row["generations"] == 2 and row["new_tokens"] > 0 and row["decode_tokens_per_s"] > 0

@@ -112,10 +112,10 @@ def test_out_must_be_absent_or_bench_records(tmp_path):
     shards = [write_jsonl(tmp_path / f"s{i}.jsonl", record(f"p/{i}")) for i in range(2)]
     before = snapshot(tmp_path)
     t0 = time.perf_counter()
-    assert_user_error(run(*QUICK, "--out", other), "--out", "not a specdec-bench/1 record")
-    assert_user_error(run(*QUICK, "--compare", other), "--compare", "not a specdec-bench/1 record")
+    assert_user_error(run(*QUICK, "--out", other), "--out", "not a specdec-bench/2 record")
+    assert_user_error(run(*QUICK, "--compare", other), "--compare", "not a specdec-bench/2 record")
     assert_user_error(run("bench-merge", *shards, "--out", binary), "--out", "not")
-    assert_user_error(run("bench-merge", *shards, "--out", other), "--out", "not a specdec-bench/1 record")
+    assert_user_error(run("bench-merge", *shards, "--out", other), "--out", "not a specdec-bench/2 record")
     assert time.perf_counter() - t0 < 120  # no model loaded: four CLI starts, ~10 s each quiet, 61 s seen loaded
     assert snapshot(tmp_path) == before and binary.stat().st_size == 4096
     ok = run("bench-merge", *shards, "--out", tmp_path / "merged.jsonl", "--json")  # the good case still works

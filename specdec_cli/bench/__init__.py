@@ -11,22 +11,32 @@ Honesty rules the code follows (docs/bench.md has the exact metric definitions):
 * transformers' own ``generate`` (plain, assisted, prompt lookup) is timed the same way, as an outside baseline;
 * greedy outputs are checked token for token against ``ar``'s (the point of *lossless* speculative decoding).
 
-The package: ``config`` (BenchConfig, Generation, the method list), ``runners`` (ours and transformers' baselines,
-the interleaved run, ``benchmark``), ``metrics`` (one definition of each metric, from
+The package: ``config`` (BenchConfig, Generation, the record schema), ``labels`` (method labels, NAME@ENGINE),
+``baselines`` (the registry of outside baselines: transformers' in ``hf``, llama.cpp's in ``llama_cpp``),
+``runners`` (ours, the interleaved run, ``benchmark``), ``metrics`` (one definition of each metric, from
 :mod:`specdec_cli.engine.metrics`), ``records`` (the JSONL record, shard merging), ``history`` (``--out``, reading record files, ``--compare``) and
 ``report`` (tables and plots).
 """
 
-from ..io.prompts import load_prompts
-from .config import HF_BASELINES, RECORD_SCHEMA, REGRESSION_EXIT_CODE, BenchConfig, Generation, Runner, method_list
-from .metrics import first_divergence, identity_check, summarize, summarize_method
-from .history import append_record, check_out_file, compare, has_regression, read_records, record_problem
-from .records import make_record, merge_records
-from .report import check_plot_path, comparison_text, plot_speedups, print_table
-from .runners import benchmark, datastore_for, make_runner, rotated, run_generations
+import importlib
 
-__all__ = ["HF_BASELINES", "RECORD_SCHEMA", "REGRESSION_EXIT_CODE", "BenchConfig", "Generation", "Runner",
-           "append_record", "benchmark", "check_out_file", "check_plot_path", "compare", "comparison_text",
-           "datastore_for", "first_divergence", "has_regression", "identity_check", "load_prompts", "make_record",
-           "make_runner", "merge_records", "method_list", "plot_speedups", "print_table", "read_records",
-           "record_problem", "rotated", "run_generations", "summarize", "summarize_method"]
+# name -> the submodule defining it: imported on first use, so that the torch-free parts (baselines, labels,
+# config, checkpoint) serve --help and the argument checks without importing the runners (torch)
+_WHERE = {"load_prompts": "..io.prompts",
+          **dict.fromkeys(("RECORD_SCHEMA", "REGRESSION_EXIT_CODE", "BenchConfig", "Generation", "Runner"),
+                          ".config"),
+          "method_list": ".labels",
+          **dict.fromkeys(("first_divergence", "identity_check", "summarize", "summarize_method"), ".metrics"),
+          **dict.fromkeys(("append_record", "check_out_file", "compare", "has_regression", "read_records",
+                           "record_problem"), ".history"),
+          **dict.fromkeys(("make_record", "merge_records"), ".records"),
+          **dict.fromkeys(("check_plot_path", "comparison_text", "plot_speedups", "print_table"), ".report"),
+          **dict.fromkeys(("benchmark", "datastore_for", "make_runner", "rotated", "run_generations"), ".runners")}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name], __name__), name)

@@ -27,9 +27,11 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..io.jsonl import MAX_LINE_BYTES, loads, read_json
+from .config import upgraded_config
 
-SCHEMA = "specdec-bench-partial/1"
-STATE_SCHEMA = "specdec-bench-state/1"
+SCHEMA = "specdec-bench-partial/2"  # /2: the config as the record's (specdec-bench/2: the settings one object)
+STATE_SCHEMA = "specdec-bench-state/2"
+OLD_SCHEMAS = {"specdec-bench-partial/1": SCHEMA, "specdec-bench-state/1": STATE_SCHEMA}  # resumed, config upgraded
 GENERATION_FIELDS = None  # filled lazily: the Generation dataclass's field names
 MAX_PARTIAL_BYTES = 1 << 30  # far more than the generations of any bench run; more is not a file a run wrote
 
@@ -123,13 +125,14 @@ class Checkpoint:
     def _load(self) -> None:
         entries = self._read_entries()
         header = entries[0] if entries and isinstance(entries[0], dict) else {}
-        if header.get("schema") != SCHEMA:
+        if current_schema(header) != SCHEMA:
             raise SpecdecError(f"--resume: {self.path} is not a partial bench run")
-        if header.get("config") != self.config:
-            old = header.get("config") if isinstance(header.get("config"), dict) else {}
-            diff = sorted(k for k in {*old, *self.config} if old.get(k) != self.config.get(k))
-            raise SpecdecError(f"--resume: the interrupted run used other settings ({', '.join(diff)}); "
-                               "rerun it with the same options, or drop --resume to start over")
+        old = upgraded_config(header.get("config")) if isinstance(header.get("config"), dict) else {}
+        if old != self.config:
+            raise SpecdecError(f"--resume: the interrupted run used other settings "
+                               f"({', '.join(differences(old, self.config))}); rerun it with the same options, or "
+                               "drop --resume to start over")
+        header = {"schema": SCHEMA, "config": self.config}
         for entry in entries[1:]:
             if isinstance(entry, dict) and isinstance(entry.get("prompt_id"), str) \
                     and isinstance(entry.get("method"), str):
@@ -180,7 +183,8 @@ class Checkpoint:
             data = read_json(self.state_path, MAX_PARTIAL_BYTES)
         except (OSError, ValueError):
             data = None  # torn or damaged: every method reruns from its start (the header alone is certain)
-        if not isinstance(data, dict) or data.get("schema") != STATE_SCHEMA or data.get("config") != self.config \
+        if not isinstance(data, dict) or current_schema(data) != STATE_SCHEMA \
+                or not isinstance(data.get("config"), dict) or upgraded_config(data["config"]) != self.config \
                 or not isinstance(data.get("methods"), dict):
             return {}
         return {m: s for m, s in data["methods"].items()
@@ -222,6 +226,22 @@ class Checkpoint:
             self.path.unlink(missing_ok=True)
             self.state_path.unlink(missing_ok=True)
         self.release()
+
+
+def current_schema(entry: dict):
+    """The schema of a partial file's header or state file, a /1 one (its config upgraded on reading) read as /2."""
+    return OLD_SCHEMAS.get(entry.get("schema"), entry.get("schema"))
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """The config fields that differ, a setting named as ``settings.NAME``."""
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    settings = [old.get("settings"), new.get("settings")]
+    if "settings" in keys and all(isinstance(s, dict) for s in settings):
+        keys.remove("settings")
+        keys += sorted(f"settings.{k}" for k in {*settings[0], *settings[1]}
+                       if settings[0].get(k) != settings[1].get(k))
+    return keys
 
 
 def _valid_generations(gens, prompt_id: str, method: str) -> bool:

@@ -1,16 +1,17 @@
-"""Benchmark configuration, one timed generation, and the method list."""
+"""Benchmark configuration, one timed generation, and the record schema (its /1 configs upgraded on reading)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from ..config import HF_BASELINES, LLAMA_CPP_METHODS, RunSettings, SamplingConfig  # noqa: F401 - re-exported
+from ..errors import SpecdecError
+from ..config import BudgetSpec, RunSettings, SamplingConfig  # noqa: F401 - SamplingConfig re-exported
 
 HF_PLD_TOKENS = 10
 WARMUP_TOKENS = 8
-RECORD_SCHEMA = "specdec-bench/1"
+RECORD_SCHEMA = "specdec-bench/2"  # /2: the config holds the run's settings as one object (RunSettings.to_json)
+READ_SCHEMAS = ("specdec-bench/1", RECORD_SCHEMA)  # /1: RunSettings' fields flat in the config (read, upgraded)
 REGRESSION_EXIT_CODE = 3
 
 
@@ -23,17 +24,12 @@ class BenchConfig:
     limit: int | None = None
     offset: int = 0
     category: str | None = None
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    seed: int = 0
+    settings: RunSettings = RunSettings()  # -n, -t, --seed, --window, --budget, --threads: checked when made
     warmup: bool = True
     dtype: str = "auto"
     device: str = "auto"
     datastore: list[str] = field(default_factory=list)  # DIR (every method) or METHOD=DIR, e.g. rest=ds/sa
-    window: int | None = None
     options: dict[str, str] = field(default_factory=dict)
-    threads: int | None = None  # torch.set_num_threads; 1 is far steadier on a busy CPU
-    budget: str = "auto"  # draft budget of our methods: auto, paper or a node count (specdec_cli.engine.budget)
     kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
     compile: str = "auto"  # static cache + compiled forwards: auto (on for CUDA), on, off, static (runtime.cache_mode)
     engine: str = "specdec"  # the run's engine and its baseline (bench.engines): specdec (ar) or vllm (vllm)
@@ -41,13 +37,31 @@ class BenchConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.settings.sampling.greedy
 
-    @cached_property
-    def settings(self) -> RunSettings:
-        """The run's values as one checked object (made once, on first use)."""
-        return RunSettings(self.max_new_tokens, SamplingConfig(self.temperature), self.seed, self.window,
-                           self.budget, self.threads)
+    def to_json(self) -> dict:
+        """The record's and the checkpoint's ``config`` (:data:`RECORD_SCHEMA`)."""
+        return {**asdict(self), "settings": self.settings.to_json()}
+
+
+V1_SETTINGS = ("max_new_tokens", "temperature", "seed", "window", "budget", "threads")  # flat in a /1 config
+
+
+def upgraded_config(config: dict) -> dict:
+    """A record's or checkpoint's ``config`` in the current shape: a /1 config (``specdec-bench/1``: the run's
+    settings flat beside the other fields, the budget as typed on the command line) gets them as ``settings``,
+    the budget in its one spelling; a current config comes back as it is."""
+    if not isinstance(config, dict) or "settings" in config:
+        return config
+    default = RunSettings().to_json()
+    flat = {k: v for k, v in config.items() if k not in V1_SETTINGS}
+    settings = {k: config.get(k, default[k]) for k in V1_SETTINGS if k != "temperature"}
+    settings["sampling"] = {**default["sampling"], "temperature": config.get("temperature", 0.0)}  # bench: no top-p/k
+    try:
+        settings["budget"] = BudgetSpec.parse(settings["budget"]).to_json()  # "8" as typed then, 8 now
+    except SpecdecError:  # a damaged value stays as it was: compared, never used
+        pass
+    return {**flat, "settings": {k: settings[k] for k in default}}
 
 
 @dataclass
@@ -73,13 +87,3 @@ class Generation:
 
 
 Runner = Callable[[list[int], int], Generation]
-
-
-def method_list(methods: list[str], engine: str = "specdec") -> list[str]:
-    """Validated method labels, the run's baseline first (``ar``, or ``vllm`` on ``--engine vllm``; added when
-    missing: speedups and the identity check need it). ``NAME@ENGINE`` picks an engine (bench.engines)."""
-    from ..methods import method_list as labels
-
-    return labels(methods, engine)
-
-

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..config import AUTO_BUDGET, PAPER_BUDGET
 from ..errors import SpecdecError
 
 
@@ -128,13 +129,13 @@ def run(method: str, model: str, *, datastore: str | list[str] | None, prompt_se
                                                        else []))
     learn = method == "auto"
     ctx = MethodContext(target, [], None if learn else (stores or [None])[0], None, dict(options),
-                        "auto" if learn else "paper", datastores=stores if learn else [])
+                        AUTO_BUDGET if learn else PAPER_BUDGET, datastores=stores if learn else [])
     drafter = build_drafter(method, ctx)
     if learn:  # priced like a 50 ms target step whose cost grows 5% per extra token (timing the selection)
         from ..engine.budget import Budget
         from ..runtime.profile import Profile
 
-        drafter.budget = Budget("auto", Profile([1, 64], [0.05, 0.05 * (1 + 0.05 * 63)]), gate=False,
+        drafter.budget = Budget(AUTO_BUDGET, Profile([1, 64], [0.05, 0.05 * (1 + 0.05 * 63)]), gate=False,
                                 trust_scores=drafter.calibrated_scores)
     cases = contexts(tokenizer, prompt_set, limit, steps, context)
     if not cases:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..methods import BASELINES, engine_of, label_of, method_list, split_label  # noqa: F401 - re-exported
+from .labels import BASELINES, engine_of, label_of, method_list, split_label  # noqa: F401 - re-exported
 from .config import Generation, Runner
 
 def vllm_options(cfg, batch: int = 1, kv_tokens: int | None = None):
@@ -21,9 +21,10 @@ def vllm_options(cfg, batch: int = 1, kv_tokens: int | None = None):
     from ..serving.vllm_engine import EngineOptions
 
     v = cfg.vllm
-    return EngineOptions(dtype=cfg.dtype, threads=cfg.threads, tensor_parallel_size=v.get("tensor_parallel_size", 1),
+    s = cfg.settings
+    return EngineOptions(dtype=cfg.dtype, threads=s.threads, tensor_parallel_size=v.get("tensor_parallel_size", 1),
                          pipeline_parallel_size=v.get("pipeline_parallel_size", 1), executor=v.get("executor"),
-                         window=cfg.window, max_num_seqs=batch, seed=cfg.seed, extra=dict(v.get("args") or {}),
+                         window=s.window, max_num_seqs=batch, seed=s.seed, extra=dict(v.get("args") or {}),
                          drafter=v.get("drafter") or {}, kv_tokens=kv_tokens)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
-from .config import RECORD_SCHEMA
+from .config import READ_SCHEMAS, RECORD_SCHEMA
 from .metrics import ratio
 
 
@@ -49,11 +49,14 @@ def _count(value, optional: bool = True) -> bool:
 def record_problem(record, merge: bool = False) -> str | None:
     """What is wrong with a bench record (None: nothing) -- the fields ``--compare``, ``bench-merge`` and the
     report read, with their types."""
-    if not isinstance(record, dict) or record.get("schema") != RECORD_SCHEMA:
+    if not isinstance(record, dict) or record.get("schema") not in READ_SCHEMAS:
         return "schema"
     config, results = record.get("config"), record.get("results")
     if not isinstance(config, dict) or not isinstance(config.get("model"), str):
         return "config"
+    if record["schema"] == RECORD_SCHEMA and not (isinstance(config.get("settings"), dict)
+                                                  and isinstance(config["settings"].get("sampling"), dict)):
+        return "config: settings"
     if not isinstance(record.get("prompt_set"), str):
         return "prompt_set"
     if not isinstance(record.get("machine"), dict):

@@ -1,7 +1,7 @@
 """llama.cpp (llama-cpp-python, the extra: ``bash scripts/install-llama-cpp.sh``) as a ``bench`` baseline: its
 plain decoding of a GGUF of the run's model, in the same run and on the same prompt ids as specdec's methods.
 
-Methods (:data:`specdec_cli.config.LLAMA_CPP_METHODS`): ``llama-cpp`` reads the weights at the run's ``--dtype``
+Methods (the ``llama-cpp*`` entries of :data:`specdec_cli.bench.baselines.BASELINES`): ``llama-cpp`` reads the weights at the run's ``--dtype``
 (float32 -> F32, bfloat16 -> BF16, float16 -> F16: the same weights specdec computes with); ``llama-cpp-f32``,
 ``-f16``, ``-bf16`` name the type; ``llama-cpp-stored`` reads the GGUF file as it ships (quantized: llama.cpp then
 computes with 8-bit activations, so it is not the same model). The typed files are written once from the file
@@ -125,19 +125,25 @@ def convert_hf(src: Path, dst: Path, kind: str) -> None:
         raise SpecdecError(f"llama-cpp: converting {src} failed: {last}")
 
 
-def llama_cpp_runner(name: str, target, cfg, progress=None) -> Runner:
-    """A runner decoding with llama.cpp (one model per method, loaded now)."""
+def note(text: str) -> None:
+    """Progress of the one-time GGUF conversion, on stderr as bench's other notes."""
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def llama_cpp_runner(name: str, target, drafts, cfg, progress=None) -> Runner:
+    """A runner decoding with llama.cpp (one model per method, loaded now); ``drafts`` unused (no drafting)."""
     check_installed()
     from llama_cpp import Llama
 
     import torch
 
-    threads = cfg.threads or torch.get_num_threads()
-    path = gguf_for(target, gguf_type(name, cfg.dtype), progress)
-    llm = Llama(model_path=str(path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads, seed=cfg.seed,
+    threads = cfg.settings.threads or torch.get_num_threads()
+    path = gguf_for(target, gguf_type(name, cfg.dtype), progress or note)
+    llm = Llama(model_path=str(path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads, seed=cfg.settings.seed,
                 verbose=False)
     stop = target.stop_ids
-    sampling = dict(temp=0.0) if cfg.greedy else dict(temp=cfg.temperature, top_k=0, top_p=1.0, min_p=0.0)
+    temperature = cfg.settings.sampling.temperature
+    sampling = dict(temp=0.0) if cfg.greedy else dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0)
 
     def run(ids: list[int], max_new_tokens: int) -> Generation:
         produced: list[int] = []

@@ -6,7 +6,6 @@ import datetime as _dt
 import os
 import platform
 import subprocess
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ import torch
 from ..errors import SpecdecError
 from ..io.prompts import Prompt
 from ..runtime.machine import cpu_name, peak_rss_bytes
-from .config import RECORD_SCHEMA, BenchConfig, Generation
+from .config import READ_SCHEMAS, RECORD_SCHEMA, BenchConfig, Generation, upgraded_config
 from .engines import BASELINES
 from .guard import auto_guard
 from .metrics import ratio, summarize_method
@@ -75,7 +74,7 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
         "machine": {**machine_info(), "device": device},
         "peak_rss_mib": round(peak_rss_bytes() / 2**20, 1),  # this process's, models and every method included
         "git_commit": git_commit(),
-        "config": asdict(cfg),
+        "config": cfg.to_json(),
         "prompt_set": cfg.prompts,
         "num_prompts": len(prompts),
         "identity_checked": cfg.greedy,
@@ -89,9 +88,9 @@ def make_record(cfg: BenchConfig, prompts: list[Prompt], results: list[dict], de
 
 # --- merging shards: several runs of one configuration over disjoint prompts ----------------------------------
 
-MERGE_CONFIG_KEYS = ("model", "drafts", "methods", "prompts", "category", "max_new_tokens", "temperature", "dtype",
-                     "device", "datastore", "window", "options", "threads", "budget", "kernels",
-                     "compile", "engine", "vllm")
+MERGE_CONFIG_KEYS = ("model", "drafts", "methods", "prompts", "category", "dtype", "device", "datastore", "options",
+                     "kernels", "compile", "engine", "vllm")
+MERGE_SETTINGS_KEYS = ("max_new_tokens", "sampling", "window", "budget", "threads")  # the seed may differ
 MERGE_MACHINE_KEYS = ("cpu", "cpu_count", "gpu", "device", "torch", "transformers")
 
 
@@ -112,12 +111,13 @@ def merge_records(records: list[dict]) -> dict:
     base_method = records[0].get("baseline", "ar") if isinstance(records[0], dict) else "ar"
     for rec in records:
         results = rec.get("results") if isinstance(rec, dict) else None
-        if not results or rec.get("schema") != RECORD_SCHEMA or not all("per_prompt" in r for r in results) \
+        if not results or rec.get("schema") not in READ_SCHEMAS or not all("per_prompt" in r for r in results) \
                 or not any(r.get("method") == base_method for r in results):
             raise SpecdecError(f"not a {RECORD_SCHEMA} record with a {base_method} result: {str(rec)[:60]}...")
-    base = records[0]
-    for rec in records[1:]:
-        diff = [k for k in MERGE_CONFIG_KEYS if rec["config"].get(k) != base["config"].get(k)]
+    base, configs = records[0], [upgraded_config(rec["config"]) for rec in records]  # /1 and /2 shards alike
+    for rec, config in zip(records[1:], configs[1:]):
+        diff = [k for k in MERGE_CONFIG_KEYS if config.get(k) != configs[0].get(k)]
+        diff += [k for k in MERGE_SETTINGS_KEYS if config["settings"].get(k) != configs[0]["settings"].get(k)]
         diff += [f"machine {k}" for k in MERGE_MACHINE_KEYS if rec["machine"].get(k) != base["machine"].get(k)]
         if diff:
             raise SpecdecError(f"cannot merge records that differ in {', '.join(diff)}")
@@ -143,8 +143,9 @@ def merge_records(records: list[dict]) -> dict:
                           identical=sum(row["identical"] for row in checked),
                           mismatches=[m for row in checked for m in row["mismatches"]])
         results.append(merged)
-    return {**base, "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "config": {**base["config"], "offset": None, "limit": None},
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return {**base, "schema": RECORD_SCHEMA, "timestamp": now,
+            "config": {**configs[0], "offset": None, "limit": None},
             "num_prompts": sum(rec["num_prompts"] for rec in records), "results": results,
             "auto_guard": auto_guard(results),
             "merged_from": [{"timestamp": rec["timestamp"], "offset": rec["config"].get("offset"),

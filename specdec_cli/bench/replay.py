@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from unittest import mock
 
-from ..config import SamplingConfig
+from ..config import AUTO_BUDGET, PAPER_BUDGET, BudgetSpec, SamplingConfig
 from ..engine.budget import Budget
 from ..engine.loop import Draft, Drafter, Outcome
 from ..methods import MethodContext, build_drafter
@@ -67,11 +67,11 @@ def stub_target(vocab_size: int, stop_ids=frozenset()):
 
 
 def make_drafter(method: str, profile: Profile, vocab_size: int, options: dict | None = None,
-                 stop_ids=frozenset(), budget: str | int = "auto") -> Drafter:
+                 stop_ids=frozenset(), budget: BudgetSpec | str | int = AUTO_BUDGET) -> Drafter:
     """A drafter of a method that needs no model and no datastore, with its budget priced by ``profile``."""
     ctx = MethodContext(stub_target(vocab_size, stop_ids), [], None, None, dict(options or {}), budget)
     drafter = build_drafter(method, ctx)
-    drafter.budget = Budget("paper" if method == "ar" else budget, profile, gate=drafter.gated_by_budget,
+    drafter.budget = Budget(PAPER_BUDGET if method == "ar" else ctx.budget, profile, gate=drafter.gated_by_budget,
                             trust_scores=drafter.calibrated_scores)
     return drafter
 

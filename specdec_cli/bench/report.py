@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import SpecdecError
+from .config import upgraded_config
 from .guard import auto_guard, guard_text
 
 # --- output -----------------------------------------------------------------------------------------------------
@@ -55,9 +56,10 @@ def table_rows(record: dict) -> list[list[str]]:
 
 
 def title(record: dict) -> str:
-    cfg = record["config"]
+    cfg = upgraded_config(record["config"])  # a /1 record (bench-merge of old shards) reads the same
+    settings, temperature = cfg["settings"], cfg["settings"]["sampling"]["temperature"]
     return (f"{cfg['model']} | {record['prompt_set']} ({record['num_prompts']} prompts) | "
-            f"max_new_tokens={cfg['max_new_tokens']} | {'greedy' if cfg['temperature'] == 0 else 'T=' + str(cfg['temperature'])}"
+            f"max_new_tokens={settings['max_new_tokens']} | {'greedy' if temperature == 0 else 'T=' + str(temperature)}"
             f" | {record['machine']['device']}")
 
 

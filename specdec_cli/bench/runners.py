@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import replace
-
-import torch
 
 from .. import api
 from ..errors import SpecdecError
 from ..methods import check_options
 from ..engine.loop import cut_at_stop  # noqa: F401 - throughput imports it from here
-from ..io.models import same_vocab
 from ..io.prompts import Prompt, load_prompts
 from ..runtime.machine import set_threads
-from .config import (HF_BASELINES, HF_PLD_TOKENS, LLAMA_CPP_METHODS, WARMUP_TOKENS, BenchConfig, Generation, Runner,
-                     method_list)
-from .engines import BASELINES, close_engines, note, split_label, start_vllm_engines, vllm_runner
-from .llama_cpp import llama_cpp_runner
+from .baselines import OUTSIDE_BASELINES, baseline_runner
+from .config import WARMUP_TOKENS, BenchConfig, Generation, Runner
+from .engines import close_engines, start_vllm_engines, vllm_runner
+from .labels import BASELINES, method_list, split_label
 from .metrics import summarize
 from .records import make_record
 
@@ -67,80 +63,15 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict |
     return run
 
 
-class ForwardCounter:
-    """Counts forward calls of a module (a pre-hook: no effect on the computation, negligible cost)."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.calls = 0
-        self.handle = module.register_forward_pre_hook(self._hook)
-
-    def _hook(self, module, args) -> None:
-        self.calls += 1
-
-    def close(self) -> None:
-        self.handle.remove()
-
-
-def hf_kwargs(method: str, target, drafts, cfg: BenchConfig) -> dict:
-    """``generate`` arguments matching our loop: same budget, stop ids and sampling; no minimum length."""
-    stop = sorted(target.stop_ids)
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    kwargs: dict = dict(eos_token_id=stop or None, pad_token_id=pad if pad is not None else (stop or [0])[0],
-                        do_sample=not cfg.greedy, min_new_tokens=0)
-    if cfg.greedy:
-        kwargs.update(temperature=None, top_p=None, top_k=None)
-    else:
-        kwargs.update(temperature=cfg.temperature, top_p=1.0, top_k=0)
-    if method == "hf-assisted":
-        if not drafts:
-            raise SpecdecError("method hf-assisted needs a draft model (--draft)")
-        kwargs["assistant_model"] = drafts[0].model
-        if not same_vocab(target, drafts[0]):  # Universal Assisted Generation: transformers re-tokenizes the text
-            kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=drafts[0].tokenizer)
-    elif method == "hf-pld":
-        kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
-    elif method == "hf-static":  # transformers' static cache; its generate compiles the forward on CUDA itself
-        kwargs["cache_implementation"] = "static"
-    return kwargs
-
-
-def hf_runner(method: str, target, drafts, cfg: BenchConfig) -> Runner:
-    """transformers' own ``generate`` as a baseline, timed around the whole call (prefill included, like ours)."""
-    model = target.model
-    kwargs = hf_kwargs(method, target, drafts, cfg)
-
-    def run(ids: list[int], max_new_tokens: int) -> Generation:
-        input_ids = torch.tensor([ids], device=model.device)
-        counter = ForwardCounter(model)
-        torch.manual_seed(cfg.seed)
-        try:
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                     max_new_tokens=max_new_tokens, **kwargs)
-            seconds = time.perf_counter() - t0
-        finally:
-            counter.close()
-        produced = [int(t) for t in out[0, len(ids):].tolist()]
-        tokens = cut_at_stop(produced, target.stop_ids)
-        return Generation(method, "", 0, tokens, seconds, forwards=counter.calls, emitted=len(produced))
-
-    run.state = lambda: None  # transformers' generate learns nothing across calls
-    run.load_state = lambda state: None
-    return run
-
-
 def make_runner(label: str, target, drafts, cfg: BenchConfig, opened: dict | None = None,
                 engines: dict | None = None) -> Runner:
-    """The runner of a method label (bench.engines): ours, transformers' or, on vLLM, one of ``engines``' (a
-    started engine per label)."""
+    """The runner of a method label (bench.engines): ours, a baseline's (bench.baselines) or, on vLLM, one of
+    ``engines``' (a started engine per label)."""
     name, engine = split_label(label, cfg.engine)
     if engine == "vllm":
         return vllm_runner(label, name, target, cfg, engines[label])
-    if name in HF_BASELINES:
-        return hf_runner(name, target, drafts, cfg)
-    if name in LLAMA_CPP_METHODS:
-        return llama_cpp_runner(name, target, cfg, progress=note)
+    if name in OUTSIDE_BASELINES:
+        return baseline_runner(name, target, drafts, cfg)
     return specdec_runner(name, target, drafts, cfg, opened)
 
 
@@ -224,13 +155,13 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
     are taken from it, new ones are added to it as they finish."""
     check_options([split_label(m, cfg.engine)[0] for m in methods], cfg.options)  # each key must be some method's
     for prompt in prompts:  # a prompt too long for -n is one error now, not after the prompts before it ran
-        encode_turn(target, prompt, 0, [], cfg.max_new_tokens)
+        encode_turn(target, prompt, 0, [], cfg.settings.max_new_tokens)
     opened = {} if opened is None else opened  # one open per datastore, shared by the methods
     engines = start_vllm_engines(cfg, target)
     try:
         runners = {m: make_runner(m, target, drafts, cfg, opened, engines) for m in methods}
         if cfg.warmup:
-            warm_up(target, prompts, runners, cfg.max_new_tokens)
+            warm_up(target, prompts, runners, cfg.settings.max_new_tokens)
         generations = run_units(target, cfg, prompts, methods, runners, checkpoint)
         for runner in runners.values():
             if hasattr(runner, "drafter"):
@@ -260,7 +191,8 @@ def run_units(target, cfg: BenchConfig, prompts: list[Prompt], methods: list[str
                 else:
                     if restore.get(method) is not None:  # continue from where the interrupted run stood
                         restore_state(runners[method], method, restore.pop(method), checkpoint)
-                    gens = run_prompt(target, prompt, method, runners[method], cfg.max_new_tokens, lambda: None)
+                    gens = run_prompt(target, prompt, method, runners[method], cfg.settings.max_new_tokens,
+                                      lambda: None)
                     if checkpoint:
                         checkpoint.add(prompt.id, method, gens, runners[method].state())
                 generations += gens

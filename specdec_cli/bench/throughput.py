@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +21,14 @@ from .. import api
 from ..errors import SpecdecError
 from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..runtime.machine import set_threads
-from ..config import OUTSIDE_BASELINES
+from .baselines import OUTSIDE_BASELINES
 from .config import WARMUP_TOKENS
 from .records import git_commit, machine_info
-from .runners import ForwardCounter, cut_at_stop, encode_turn, hf_kwargs
+from .hf import ForwardCounter, hf_kwargs
+from .runners import cut_at_stop, encode_turn
 
-SCHEMA = "specdec-bench-throughput/1"
+SCHEMA = "specdec-bench-throughput/2"  # /2: the config holds the run's settings as one object (as bench's)
+READ_SCHEMAS = ("specdec-bench-throughput/1", SCHEMA)  # an --out of /1 records is appended to
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -47,7 +48,7 @@ def parse_sizes(text: str) -> list[int]:
 def check_methods(methods: list[str], engine: str = "specdec") -> list[str]:
     """The methods to run batched, as labels (``ar`` runs sequentially as the baseline, and batched when asked
     for; vLLM's methods run on vLLM at each batch size)."""
-    from ..methods import label_of, split_label
+    from .labels import label_of, split_label
 
     refused = [m for m in methods if split_label(m, engine)[0] in OUTSIDE_BASELINES]
     if refused:
@@ -63,7 +64,7 @@ def check_out(path: str) -> None:
         raise SpecdecError(f"--out {path} is a directory")
     if target.exists() and target.stat().st_size:
         for n, value in enumerate(iter_jsonl(path, "--out", objects=False, limit=MAX_JSONL_BYTES), 1):  # bounded
-            if not isinstance(value, dict) or value.get("schema") != SCHEMA:
+            if not isinstance(value, dict) or value.get("schema") not in READ_SCHEMAS:
                 raise SpecdecError(f"--out {path}: record {n} is not a throughput record ({SCHEMA}); "
                                    "give a new file")
 
@@ -138,7 +139,7 @@ def timed_hf(target, ids, size, cfg, reference) -> dict:
     hf_batched(target, ids[:size], size, WARMUP_TOKENS, cfg)
     reset_peak()
     t0 = time.perf_counter()
-    outputs, latencies, forwards = hf_batched(target, ids, size, cfg.max_new_tokens, cfg)
+    outputs, latencies, forwards = hf_batched(target, ids, size, cfg.settings.max_new_tokens, cfg)
     seconds = time.perf_counter() - t0
     return row("hf-batch", size, outputs, seconds, latencies, forwards, reference if cfg.greedy else None, peak_mib())
 
@@ -169,7 +170,7 @@ def timed_vllm(label: str, engine, ids, size, cfg, reference) -> dict:
     engine.reset_prefix_cache()
     proposer_delta(engine)
     t0 = time.perf_counter()
-    results = engine.generate(ids, cfg.max_new_tokens, cfg.settings.sampling, batch=size)
+    results = engine.generate(ids, cfg.settings.max_new_tokens, cfg.settings.sampling, batch=size)
     seconds = time.perf_counter() - t0
     out = row(label, size, [r.tokens for r in results], seconds, [r.latency_s for r in results], engine.steps,
               reference if cfg.greedy else None, vllm_rss_mib(engine))
@@ -203,12 +204,12 @@ def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | No
     """Run the throughput mode; returns its record."""
     set_threads(cfg.settings.threads)
     log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
-    from ..methods import split_label
+    from .labels import split_label
     from .engines import close_engines, start_vllm_engines
 
-    ids = [encode_turn(target, p, 0, [], cfg.max_new_tokens) for p in prompts]
+    ids = [encode_turn(target, p, 0, [], cfg.settings.max_new_tokens) for p in prompts]
     sizes = list(dict.fromkeys(min(size, len(ids)) for size in sizes))  # a slot per prompt at most
-    engines = start_vllm_engines(cfg, target, max(sizes), max(sizes) * (max(map(len, ids)) + cfg.max_new_tokens + 33))
+    engines = start_vllm_engines(cfg, target, max(sizes), max(sizes) * (max(map(len, ids)) + cfg.settings.max_new_tokens + 33))
     try:
         first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy)
         rows = [first]
@@ -229,7 +230,7 @@ def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | No
         close_engines(engines)
     add_speedups(rows)
     return {"schema": SCHEMA, "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(), "git_commit": git_commit(), "config": asdict(cfg), "batch_sizes": sizes,
+            "machine": machine_info(), "git_commit": git_commit(), "config": cfg.to_json(), "batch_sizes": sizes,
             "prompt_set": cfg.prompts, "num_prompts": len(prompts), "turns": "first", "rows": rows}
 
 
@@ -238,7 +239,7 @@ def print_table(record: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"throughput: {record['prompt_set']}, {record['num_prompts']} prompts (first turns), "
-                        f"{record['config']['max_new_tokens']} new tokens")
+                        f"{record['config']['settings']['max_new_tokens']} new tokens")
     vllm = any("speedup_vs_vllm_same_b" in r for r in record["rows"])
     cols = ["method", "B", "tok/s", "x ar", "x hf same B", "x hf best", *(["x vllm same B"] if vllm else []),
             "latency p50 s", "p90 s", "forwards", "identical", "peak MiB"]

@@ -68,7 +68,7 @@ def bench(
         from ..config import RunSettings, SamplingConfig
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
-        RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked now
+        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked
         names, options = split_methods(methods), {**parse_opts(opt), **({"memory_dir": memory} if memory else {})}
         labels = check_methods_and_options(names, options, compile, memory, engine)
         vllm = bench_vllm_settings(labels, engine, (tensor_parallel_size, pipeline_parallel_size,
@@ -76,10 +76,9 @@ def bench(
         from .. import bench as lib
 
         cfg = lib.BenchConfig(model=model, drafts=list(draft or []), methods=labels, prompts=prompts,
-                              limit=limit, offset=offset, category=category, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=seed, warmup=warmup, dtype=dtype, device=device,
-                              datastore=list(datastore or []), window=window, options=options, threads=threads,
-                              budget=budget, kernels=kernels, compile=compile, engine=engine, vllm=vllm)
+                              limit=limit, offset=offset, category=category, settings=settings, warmup=warmup,
+                              dtype=dtype, device=device, datastore=list(datastore or []), options=options,
+                              kernels=kernels, compile=compile, engine=engine, vllm=vllm)
         if batch_size is None:
             return run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
         run_throughput(lib, cfg, batch_size, names, out, (resume, compare_to, plot), as_json)
@@ -115,7 +114,7 @@ def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as
 def load_models(api, cfg):
     """The target and drafts when a method runs on specdec's engine; the model's text side alone otherwise
     (vLLM loads the weights in its own processes)."""
-    from ..methods import engine_of
+    from ..bench.labels import engine_of
 
     if any(engine_of(m, cfg.engine) == "specdec" for m in cfg.methods):
         return api.load(cfg.model, cfg.drafts, cfg.dtype, cfg.device, cfg.kernels)
@@ -127,8 +126,9 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
     """Method labels (``NAME`` or ``NAME@ENGINE``), --opt values (against every method of the run that takes
     them), --compile, --memory: all before torch is imported (an error comes in well under 1 s). Returns the run's
     labels, its baseline first."""
-    from ..config import OUTSIDE_BASELINES
-    from ..methods import check_options, method_list, split_label
+    from ..bench.baselines import OUTSIDE_BASELINES
+    from ..bench.labels import method_list, split_label
+    from ..methods import check_options
     from ..runtime.cache_mode import check as check_compile
 
     labels = method_list(names, engine)
@@ -147,7 +147,7 @@ def check_methods_and_options(names: list[str], options: dict, compile: str, mem
 
 def bench_vllm_settings(labels: list[str], engine: str, flags_given: tuple, options: dict, datastore) -> dict:
     """vLLM's settings when the run holds a vLLM method (``{}`` otherwise, with the vLLM flags refused)."""
-    from ..methods import engine_of
+    from ..bench.labels import engine_of
     from .on_vllm import PROPOSER_OPTIONS, vllm_settings
 
     on_vllm = any(engine_of(m, engine) == "vllm" for m in labels)
@@ -162,7 +162,7 @@ def check_stores(lib, cfg) -> dict:
     methods."""
     from ..methods import precheck_datastore
 
-    from ..methods import split_label
+    from ..bench.labels import split_label
 
     stores, opened = [], {}
     for name in (split_label(m, cfg.engine)[0] for m in cfg.methods):
@@ -177,8 +177,6 @@ def check_stores(lib, cfg) -> dict:
 
 
 def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, as_json: bool) -> None:
-    from dataclasses import asdict
-
     from .. import api
     from ..bench.checkpoint import Checkpoint
     from ..errors import Interrupted
@@ -194,7 +192,7 @@ def run_bench(lib, cfg, out, resume: bool, compare_to, tolerance: float, plot, a
         lib.check_plot_path(plot)
     if out:
         lib.check_out_file(out)
-    checkpoint = Checkpoint(out, asdict(cfg), resume)  # locks OUT.partial: a second run on --out is refused
+    checkpoint = Checkpoint(out, cfg.to_json(), resume)  # locks OUT.partial: a second run on --out is refused
     quiet_libraries()
     prompt_list = lib.load_prompts(cfg.prompts, cfg.limit, cfg.category, cfg.offset)  # before the model loads
     target, drafts = load_models(api, cfg)

@@ -78,10 +78,10 @@ def inspect_entropy(
     from ..errors import SpecdecError
 
     with user_errors():
-        from ..config import RunSettings, SamplingConfig
+        from ..config import PAPER_BUDGET, RunSettings, SamplingConfig
 
         texts = read_entropy_prompts(prompts, prompts_file, use_stdin)
-        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, "paper", threads)
+        settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, PAPER_BUDGET, threads)
         from .. import api  # torch: only now that the arguments are known to be good
         from ..bench import entropy as entropy_stats
         from ..runtime.machine import set_threads

@@ -62,7 +62,7 @@ def generate(
                              vllm_arg, options, stores)
         if vllm:
             check_vllm_method(method, options, stores)
-            refuse_for_vllm(draft, kernels, compile, budget, device, save_adapted)
+            refuse_for_vllm(draft, kernels, compile, settings.budget, device, save_adapted)
             batch_size = check_prompts(prompts, batch_size)
             open_stores("auto", stores, model)
             return generate_on_vllm(model, method, prompts, settings, vllm, dtype=dtype, batch_size=batch_size,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import List, Optional
 
+from ..config import BudgetSpec
 from ..errors import SpecdecError
 
 EXECUTORS = ("mp", "ray", "uni")  # vLLM's distributed_executor_backend values for one process group
@@ -40,10 +41,10 @@ def check_vllm_method(method: str, options: dict, datastore) -> None:
         raise SpecdecError(f"{given} is an option of auto (specdec's proposer); {method} is vLLM's own")
 
 
-def refuse_for_vllm(drafts, kernels: str, compile: str, budget: str, device: str, save_adapted=None) -> None:
+def refuse_for_vllm(drafts, kernels: str, compile: str, budget: BudgetSpec, device: str, save_adapted=None) -> None:
     """Options of specdec's own engine that vLLM does not take."""
     given = [("--draft", bool(drafts)), ("--kernels", kernels != "auto"), ("--compile", compile != "auto"),
-             ("--budget", budget != "auto"), ("--device", device != "auto"), ("--save-adapted", bool(save_adapted))]
+             ("--budget", not budget.adaptive), ("--device", device != "auto"), ("--save-adapted", bool(save_adapted))]
     why = {"--draft": "vLLM's drafters draft from token ids here; run draft models with --engine specdec",
            "--kernels": "vLLM runs its own kernels", "--compile": "vLLM compiles the model itself",
            "--budget": "specdec's proposer sizes each chain by what pays; --window K caps it",

@@ -11,7 +11,8 @@ from typing import List, Optional
 
 import typer
 
-from ..config import MAX_BATCH_FILE_BYTES, MAX_BATCH_SIZE, MAX_MEMORY_TOKENS, OUTSIDE_BASELINES
+from ..bench.baselines import OUTSIDE_BASELINES
+from ..config import MAX_BATCH_FILE_BYTES, MAX_BATCH_SIZE, MAX_MEMORY_TOKENS
 from ..io.aliases import ALIASES
 from ..io.prompts import PROMPT_SETS
 from ..methods import METHODS

@@ -218,7 +218,7 @@ def own_chain(dm: DraftModel, tokens: list[int], k: int, cfg: SamplingConfig, ge
     if k <= 0:
         return chain
     logits = dm.logits_after(tokens)
-    adaptive = budget is not None and budget.mode != "paper"
+    adaptive = budget is not None and not budget.mode.paper
     if adaptive:
         chain.cost_s = dm.profile(dm.fed)
     path_prob = 1.0

@@ -131,8 +131,7 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
 def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids, on_result, on_step,
             times) -> list[GenerationResult]:
     results: list[GenerationResult | None] = [None] * len(prompts)
-    width_limit = 1 + max(WIDEST_PAPER_DRAFT, max((d.budget.mode for d in drafters if isinstance(d.budget.mode, int)),
-                                                  default=0))
+    width_limit = 1 + max(WIDEST_PAPER_DRAFT, max((d.budget.mode.limit or 0 for d in drafters), default=0))
     capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + CACHE_SLACK
     rows = min(len(drafters), len(prompts))
     cache = BatchCache(target, rows, capacity)

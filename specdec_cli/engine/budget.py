@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import trees
+from ..config import AUTO_BUDGET, BudgetSpec
 from ..io.state import count, number
 from ..runtime.profile import Profile
 
@@ -133,9 +134,9 @@ class StepPlan:
 
 
 class Budget:
-    def __init__(self, mode: str | int = "auto", profile: Profile | None = None, *, draft_cost: bool = True,
-                 gate: bool = True, trust_scores: bool = False, cheap_probe: bool = True):
-        self.mode = mode  # parsed where it entered (config.parse_budget)
+    def __init__(self, mode: BudgetSpec | str | int = AUTO_BUDGET, profile: Profile | None = None, *,
+                 draft_cost: bool = True, gate: bool = True, trust_scores: bool = False, cheap_probe: bool = True):
+        self.mode = BudgetSpec.parse(mode)  # parsed where it entered (RunSettings); a spelling is read as --budget
         self.gate = gate  # False: never skip drafting (a drafter that gates its own costly parts: auto)
         self.trust_scores = trust_scores  # True: the drafter's scores are calibrated already (auto): used as they are
         self.cheap_probe = cheap_probe  # False: a probe costs a draft model's prefill (no probe at every new prompt)
@@ -171,7 +172,7 @@ class Budget:
 
     @property
     def adaptive(self) -> bool:
-        return self.mode == "auto"
+        return self.mode.adaptive
 
     # -- gate --------------------------------------------------------------------------------------------------
 
@@ -204,14 +205,14 @@ class Budget:
 
     def select(self, draft: trees.Draft) -> StepPlan:
         """The part of ``draft`` to verify, with its expected yield."""
-        if self.mode == "paper" or not len(draft):
+        if self.mode.paper or not len(draft):
             probs = trees.path_probs(draft.parents, self.calibrated(draft)) if len(draft) else np.empty(0)
             return StepPlan(draft, 1.0 + float(probs.sum()), self.profile(len(draft) + 1))
         cond = self.calibrated(draft)
         causal = draft.q_draft is not None  # a sampled chain: cut without looking ahead
-        if isinstance(self.mode, int):
-            kept = trees.select(draft, cond, self.profile, 0.0, causal=causal, limit=self.mode) \
-                if self.mode else trees.Draft()
+        if self.mode.limit is not None:
+            kept = trees.select(draft, cond, self.profile, 0.0, causal=causal, limit=self.mode.limit) \
+                if self.mode.limit else trees.Draft()
         else:
             kept = trees.select(draft, cond, self.profile, self.value, causal=causal)
         probs = trees.path_probs(kept.parents, self.calibrated(kept)) if len(kept) else np.empty(0)
@@ -221,10 +222,10 @@ class Budget:
         """Whether a model drafter should draft token ``drafted + 1``: ``path_prob`` is the calibrated probability
         that its latest token is accepted, ``cond`` that token's own conditional estimate (used for the tokens to
         come), ``step_s`` what one more draft-model forward costs."""
-        if self.mode == "paper":
+        if self.mode.paper:
             return True
-        if isinstance(self.mode, int):
-            return drafted < self.mode
+        if self.mode.limit is not None:
+            return drafted < self.mode.limit
         base = self.profile(drafted + 1)
         gain, extra = 0.0, path_prob
         for m in range(1, 9):
@@ -292,4 +293,4 @@ class Budget:
         self.drafted_steps, self.draft_cost = drafted_steps, state["draft_cost"]
 
     def stats(self) -> dict:
-        return {"budget": self.mode, "gated_steps": self.gated, "value_tokens_per_s": self.value}
+        return {"budget": self.mode.to_json(), "gated_steps": self.gated, "value_tokens_per_s": self.value}

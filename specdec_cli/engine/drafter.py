@@ -14,6 +14,7 @@ import torch
 
 from . import metrics
 from .budget import Budget
+from ..config import PAPER_BUDGET
 from ..errors import SpecdecError
 from ..runtime.cache_mode import CacheMode
 from .sampling import SamplingConfig
@@ -51,7 +52,7 @@ class Drafter:
     @property
     def budget(self) -> Budget:
         if self._budget is None:
-            self._budget = Budget("paper")
+            self._budget = Budget(PAPER_BUDGET)
         return self._budget
 
     @budget.setter

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..datastore import SUFFIX_ARRAY, TRIGRAM
-from ..config import MAX_MEMORY_TOKENS
+from ..config import AUTO_BUDGET, MAX_MEMORY_TOKENS, BudgetSpec
 from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # the registry is read without torch (`specdec methods`, option checks before loading)
@@ -36,10 +36,13 @@ class MethodContext:
     datastore: str | None = None
     window: int | None = None  # draft window K (method default when None)
     options: dict[str, str] = field(default_factory=dict)  # --opt key=value, method-specific
-    budget: str | int = "auto"  # --budget: auto, paper or a node count (specdec_cli.engine.budget)
+    budget: BudgetSpec = AUTO_BUDGET  # --budget (specdec_cli.engine.budget); a spelling is parsed as the flag
     method: str = ""  # set by build_drafter: whose registered options ``opt`` reads
     datastores: list = field(default_factory=list)  # auto: every --datastore (kinds told apart by their manifest)
     opened: dict = field(default_factory=dict)  # folder -> datastore.OpenStore: opened once per run, shared
+
+    def __post_init__(self) -> None:
+        self.budget = BudgetSpec.parse(self.budget)  # a BudgetSpec as it comes; "paper", 8, ... read as --budget
 
     def store(self, folder) -> tuple[str, object]:
         """``(kind, store)``: this method's view of the run's opened store in ``folder`` (opened now if the caller
@@ -55,7 +58,7 @@ class MethodContext:
         """The value of a registered option of this method: ``--opt key=value`` parsed, else its default."""
         spec = METHODS[self.method].options[key]
         if key not in self.options:
-            return spec.paper if self.budget == "paper" and spec.paper is not None else spec.default
+            return spec.paper if self.budget.paper and spec.paper is not None else spec.default
         try:
             return spec.type(self.options[key])
         except ValueError:
@@ -167,60 +170,6 @@ def check_methods(names: list[str], baselines: dict | tuple = ()) -> None:
     for name in names:
         if name not in METHODS and name not in baselines:
             raise SpecdecError(f"unknown method {name!r}; choose one of {', '.join([*METHODS, *baselines])}")
-
-
-# -- methods of several engines (bench): NAME or NAME@ENGINE -------------------------------------------------------
-
-BASELINES = {"specdec": "ar", "vllm": "vllm"}  # a run's speedups and identity are measured against its engine's
-
-
-def methods_of(engine: str) -> tuple[str, ...]:
-    """The methods an engine runs: ours and transformers' on specdec's engine, vLLM's and our proposer on vLLM."""
-    from ..config import OUTSIDE_BASELINES, VLLM_METHODS
-
-    return tuple(VLLM_METHODS) if engine == "vllm" else (*METHODS, *OUTSIDE_BASELINES)
-
-
-def check_engine(engine: str) -> None:
-    from ..config import ENGINES
-
-    if engine not in ENGINES:
-        raise SpecdecError(f"unknown --engine {engine!r}; choose {', '.join(ENGINES)}")
-
-
-def split_label(label: str, default: str) -> tuple[str, str]:
-    """``(method, engine)`` of a method label in a run on engine ``default``: ``NAME@ENGINE`` picks the engine;
-    a bare name runs on ``default`` when it has the method, else on the engine that does."""
-    from ..config import ENGINES
-
-    name, at, engine = label.partition("@")
-    if at:
-        check_engine(engine)
-        if name not in methods_of(engine):
-            raise SpecdecError(f"method {name!r} does not run on {engine}; there: {', '.join(methods_of(engine))}")
-        return name, engine
-    for engine in (default, *ENGINES):
-        if name in methods_of(engine):
-            return name, engine
-    every = ", ".join(dict.fromkeys(m for e in ENGINES for m in methods_of(e)))
-    raise SpecdecError(f"unknown method {name!r}; choose one of {every} (NAME@ENGINE picks an engine)")
-
-
-def label_of(name: str, engine: str, default: str) -> str:
-    """The shortest label of ``name`` on ``engine`` in a run on ``default``: the bare name when it resolves there."""
-    return name if split_label(name, default) == (name, engine) else f"{name}@{engine}"
-
-
-def engine_of(label: str, default: str) -> str:
-    return split_label(label, default)[1]
-
-
-def method_list(names: list[str], engine: str = "specdec") -> list[str]:
-    """Validated labels without repeats, the run's baseline first (added when missing)."""
-    check_engine(engine)
-    labels = list(dict.fromkeys(label_of(*split_label(n.strip(), engine), engine) for n in names if n.strip()))
-    base = BASELINES[engine]
-    return [base] + [m for m in labels if m != base]
 
 
 def build_drafter(method: str, ctx: MethodContext) -> "Drafter":

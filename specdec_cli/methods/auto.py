@@ -283,7 +283,7 @@ def build(ctx) -> Drafter:
             for k, s in enumerate(x for x in sources if x.name == name):
                 s.name = f"{name}{k + 1}"
     rows_to_draft(np.array([[1, 2, -1]]), 2)  # compiled code loaded (or compiled) now, not in the first step
-    models = [draft_model_for(d, ctx.target, ctx.budget == "auto") for d in ctx.drafts[:1]]
+    models = [draft_model_for(d, ctx.target, ctx.budget.adaptive) for d in ctx.drafts[:1]]
     return AutoDrafter(sources, models, max_nodes=ctx.opt("max_nodes"), cont_len=ctx.opt("cont_len"),
                        window=ctx.window or ctx.opt("model_window"), memory=memory,
                        memory_dir=memory_dir if memory is not None else None, fingerprint=ctx.target.fingerprint)

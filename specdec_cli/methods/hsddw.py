@@ -169,7 +169,7 @@ def build(ctx) -> Drafter:
     window = ctx.window or DEFAULT_WINDOW
     tau0 = ctx.opt("tau0")
     tau1, tau2, cap = ctx.opt("tau1_0"), ctx.opt("tau2_0"), ctx.opt("max_draft")
-    profiled = ctx.budget == "auto"
+    profiled = ctx.budget.adaptive
     m1 = draft_model_for(ctx.drafts[0], ctx.drafts[1], profiled)  # M1 drafts for M2, M2 for the target
     return Hsddw(m1, draft_model_for(ctx.drafts[1], ctx.target, profiled), window,
                  cap or 2 * window, tau0 if tau1 is None else tau1, tau0 if tau2 is None else tau2)

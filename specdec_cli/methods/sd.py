@@ -37,6 +37,6 @@ class SpeculativeSampling(Drafter):
 
 
 def build(ctx) -> Drafter:
-    default = PAPER_WINDOW if ctx.budget == "paper" else AUTO_WINDOW
-    dm = draft_model_for(ctx.drafts[0], ctx.target, ctx.budget == "auto")
+    default = PAPER_WINDOW if ctx.budget.paper else AUTO_WINDOW
+    dm = draft_model_for(ctx.drafts[0], ctx.target, ctx.budget.adaptive)
     return SpeculativeSampling(dm, ctx.target.vocab_size, ctx.window or default)

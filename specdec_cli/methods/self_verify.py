@@ -65,5 +65,5 @@ class SelfVerify(Drafter):
 
 
 def build(ctx) -> Drafter:
-    dm = draft_model_for(ctx.drafts[0], ctx.target, profiled=ctx.budget == "auto")
+    dm = draft_model_for(ctx.drafts[0], ctx.target, profiled=ctx.budget.adaptive)
     return SelfVerify(dm, ctx.window or DEFAULT_WINDOW, ctx.opt("tau0"))
