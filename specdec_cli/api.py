@@ -21,7 +21,7 @@ from dataclasses import replace
 from .runtime import profile
 from .runtime import decoder, kernels
 from .runtime.dot import warm_up
-from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig, check_batch_size
+from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
@@ -148,14 +148,17 @@ def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, settings: 
 
 
 def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
-                  count: int = 1, **kwargs) -> list[Drafter]:
-    """``count`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`; what one
-    learns about the run's outputs (``auto``'s memory) the others share."""
-    check_batch_size(count)
-    if kwargs.get("opened") is None:  # one open per datastore, shared by the slots (and aded's adapted matrix)
-        kwargs["opened"] = {}
+                  *, datastore: str | list[str] | None = None, options: dict[str, str] | None = None,
+                  check: bool = True, compile: str | CacheMode = "auto", opened: dict | None = None,
+                  **values) -> list[Drafter]:
+    """``settings.batch_size`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`
+    (``batch_size=4`` among ``values`` overrides the settings'); what one learns about the run's outputs
+    (``auto``'s memory) the others share."""
+    settings = with_values(settings, values)
+    kwargs = {"datastore": datastore, "options": options, "check": check, "compile": compile,
+              "opened": {} if opened is None else opened}  # one open per datastore, shared by the slots
     first = make_drafter(method, target, drafts, settings, **kwargs)
-    others = [make_drafter(method, target, drafts, settings, **kwargs) for _ in range(count - 1)]
+    others = [make_drafter(method, target, drafts, settings, **kwargs) for _ in range(settings.batch_size - 1)]
     for drafter in others:
         drafter.share_with(first)
     return [first, *others]
