@@ -92,7 +92,7 @@ def on_specdec(model: str, method: str, prompts: list[str], settings, options: d
     encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=settings.max_new_tokens)
                for p in prompts]
     meta = {"model": model, "method": method, "drafts": drafts}
-    if settings.batch_size > 1:  # (at most one slot per prompt: several prompts)
+    if settings.batch_size > 1:  # several prompts (check_prompts leaves at most one slot per prompt)
         drafters = api.make_drafters(method, target, draft_models, settings, datastore=stores, options=options,
                                      opened=opened, check=False)
         return answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": settings.batch_size},

@@ -95,8 +95,8 @@ def vllm_settings(engine: str, tensor_parallel_size: Optional[int], pipeline_par
 
 def generate_on_vllm(model: str, method: str, prompts: list[str], settings, vllm: dict, *, dtype: str,
                      raw: bool, system: Optional[str], as_json: bool) -> None:
-    """``specdec generate --engine vllm``: every prompt on one engine, at most ``settings.batch_size`` at once; answers
-    printed in input order (streamed when there is one prompt and no --json)."""
+    """``specdec generate --engine vllm``: every prompt on one engine, at most ``settings.batch_size`` at once;
+    answers printed in input order (streamed when there is one prompt and no --json)."""
     from .. import api
     from ..serving.vllm_engine import EngineOptions
 
