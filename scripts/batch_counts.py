@@ -39,7 +39,7 @@ def main() -> int:
     for budget, temperature in (("paper", 0.0), ("auto", 0.8)):
         settings = RunSettings(args.n, SamplingConfig(temperature), 1, None, budget, 1)
         for method in METHODS:
-            drafters = api.make_drafters(method, target, drafts, settings, count=args.batch_size,
+            drafters = api.make_drafters(method, target, drafts, settings, batch_size=args.batch_size,
                                          datastore=stores.get(method, []))
             results = api.run_batch(target, prompts, drafters, settings)
             for i, res in enumerate(results):

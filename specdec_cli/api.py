@@ -21,7 +21,7 @@ from dataclasses import replace
 from .runtime import profile
 from .runtime import decoder, kernels
 from .runtime.dot import warm_up
-from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig, check_batch_size
+from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
@@ -103,13 +103,14 @@ def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: 
 def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
                  *, datastore: str | list[str] | None = None, options: dict[str, str] | None = None,
                  check: bool = True, compile: str | CacheMode = "auto", opened: dict | None = None,
-                 **values) -> Drafter:
+                 shared: dict | None = None, **values) -> Drafter:
     """A drafter for ``method`` with its :class:`~specdec_cli.engine.budget.Budget` (``settings.budget``;
     ``auto``: priced with this machine's measured forward times of ``target``, measured once and cached).
     ``settings``: the run's checked values, else made from ``values`` (``window=``, ``budget=``, ...).
     ``datastore``: a folder, or for ``auto`` a list of folders of any kinds. ``check=False``: the caller has checked
     ``options`` against several methods that share them (bench). ``opened``: the stores the pre-check opened
-    (:func:`specdec_cli.methods.precheck_datastore`), used instead of opening them again. ``compile``: ``--compile``
+    (:func:`specdec_cli.methods.precheck_datastore`), used instead of opening them again. ``shared``: the parts the
+    drafters of one batch hold once (:func:`make_drafters`; ``MethodContext.held_once``). ``compile``: ``--compile``
     (auto, on, off, static) or a resolved :class:`~specdec_cli.runtime.cache_mode.CacheMode`, resolved here once:
     the drafter keeps it (``drafter.cache_mode``) and :func:`run` generates on that path."""
     settings = with_values(settings, values)
@@ -119,7 +120,7 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
         raise SpecdecError(f"--method {method} takes one --datastore, got {len(stores)} (only auto takes several)")
     ctx = MethodContext(target, list(drafts), None if method == "auto" else (stores or [None])[0], settings.window,
                         dict(options or {}), mode, datastores=stores if method == "auto" else [],
-                        opened=opened if opened is not None else {})
+                        opened=opened if opened is not None else {}, shared=shared if shared is not None else {})
     if check:
         check_options([method], ctx.options)
     drafter = build_drafter(method, ctx)
@@ -148,17 +149,18 @@ def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, settings: 
 
 
 def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
-                  count: int = 1, **kwargs) -> list[Drafter]:
-    """``count`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`; what one
-    learns about the run's outputs (``auto``'s memory) the others share."""
-    check_batch_size(count)
-    if kwargs.get("opened") is None:  # one open per datastore, shared by the slots (and aded's adapted matrix)
-        kwargs["opened"] = {}
-    first = make_drafter(method, target, drafts, settings, **kwargs)
-    others = [make_drafter(method, target, drafts, settings, **kwargs) for _ in range(count - 1)]
-    for drafter in others:
-        drafter.share_with(first)
-    return [first, *others]
+                  *, datastore: str | list[str] | None = None, options: dict[str, str] | None = None,
+                  check: bool = True, compile: str | CacheMode = "auto", opened: dict | None = None,
+                  **values) -> list[Drafter]:
+    """``settings.batch_size`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`
+    (``batch_size=4`` among ``values`` overrides the settings'). Each holds its sequence's state; what the method
+    learns about the run's outputs (``auto``'s memory, ``aded``'s adapted matrix) is made once, by the first,
+    and held by every slot (the first saves it at ``finish``: call the others' ``finish`` first)."""
+    settings = with_values(settings, values)
+    kwargs = {"datastore": datastore, "options": options, "check": check, "compile": compile,
+              "opened": {} if opened is None else opened,  # one open per datastore, shared by the slots
+              "shared": {}}  # one memory / adapted matrix for the batch
+    return [make_drafter(method, target, drafts, settings, **kwargs) for _ in range(settings.batch_size)]
 
 
 def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Drafter],

@@ -5,7 +5,8 @@ torch or a model loads.
 * :class:`SamplingConfig` -- temperature, top-p, top-k;
 * :class:`BudgetSpec` -- ``--budget``: adaptive (``auto``), the papers' settings (``paper``) or a node limit;
 * :class:`RunSettings` -- everything a generation is asked for: new tokens, sampling, seed, draft window, budget,
-  threads;
+  threads, and how many sequences decode together (``--batch-size``);
+* :class:`BatchSizes` -- bench's ``--batch-size 1,4,8``: the batch sizes of a throughput run;
 * the engines (``--engine``) and vLLM's methods (bench's outside baselines: :mod:`specdec_cli.bench.baselines`).
 """
 
@@ -121,10 +122,41 @@ def check_threads(threads: int | None) -> None:
 
 
 def check_batch_size(size: int, flag: str = "--batch-size") -> int:
-    """A batch size from 1 to :data:`MAX_BATCH_SIZE`."""
+    """A batch size from 1 to :data:`MAX_BATCH_SIZE` (the one check, for :class:`RunSettings` and
+    :class:`BatchSizes`)."""
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE:
         raise SpecdecError(f"{flag} must be from 1 to {MAX_BATCH_SIZE}, got {size}")
     return size
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """``bench --batch-size 1,4,8``, parsed once (:meth:`parse`): the throughput mode's batch sizes, each checked,
+    in the order given, without repeats. Each size reaches the step as a :class:`RunSettings`' ``batch_size``."""
+
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for size in self.sizes:
+            check_batch_size(size)
+
+    @classmethod
+    def parse(cls, text: str) -> "BatchSizes":
+        sizes = []
+        for item in text.split(","):
+            try:
+                sizes.append(int(item.strip()))
+            except ValueError:
+                raise SpecdecError(f"--batch-size takes positive integers separated by commas, got {text[:40]!r}"
+                                   ) from None
+        return cls(tuple(dict.fromkeys(sizes)))
+
+    def fitted(self, prompts: int) -> "BatchSizes":
+        """The sizes with at most one slot per prompt (repeats made by the cut dropped)."""
+        return BatchSizes(tuple(dict.fromkeys(min(size, prompts) for size in self.sizes)))
+
+    def __iter__(self):
+        return iter(self.sizes)
 
 
 @dataclass(frozen=True)
@@ -137,17 +169,22 @@ class RunSettings:
     window: int | None = None  # draft window K; None: the method's default
     budget: BudgetSpec = AUTO_BUDGET  # --budget; given as "auto", "paper" or a node count, parsed here
     threads: int | None = None  # torch CPU threads; None: torch's choice
+    batch_size: int = 1  # --batch-size: sequences decoded together (api.make_drafters makes one slot each)
 
     def __post_init__(self) -> None:
         positive(self.max_new_tokens, "--max-new-tokens")
         positive(self.window, "--window")
         check_threads(self.threads)
+        check_batch_size(self.batch_size)
         object.__setattr__(self, "budget", BudgetSpec.parse(self.budget))
 
     def to_json(self) -> dict:
         """As bench records and checkpoints hold it: ``sampling`` a nested object, the budget as its spelling
-        (``"auto"``, ``"paper"`` or the integer)."""
-        return {**asdict(self), "budget": self.budget.to_json()}
+        (``"auto"``, ``"paper"`` or the integer). The batch size is not a record's setting: the latency mode
+        decodes one sequence at a time and a throughput record lists its ``batch_sizes``."""
+        out = {**asdict(self), "budget": self.budget.to_json()}
+        del out["batch_size"]
+        return out
 
 
 def check_prompt_size(text: str | bytes, what: str = "prompt") -> None:

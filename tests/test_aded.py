@@ -184,7 +184,7 @@ def test_aded_greedy_matches_ar(smollm2, stdlib_store, greedy_cases, tmp_path):
 def test_aded_batched_matches_ar(smollm2, stdlib_store, greedy_cases):
     from specdec_cli import api
 
-    drafters = api.make_drafters("aded", smollm2, [], api.RunSettings(max_new_tokens=32), count=2,
+    drafters = api.make_drafters("aded", smollm2, [], api.RunSettings(max_new_tokens=32), batch_size=2,
                                  datastore=str(stdlib_store), options={"iterations": "60"})
     assert drafters[1].matrix is drafters[0].matrix  # one opened store, adapted by every slot
     results = api.run_batch(smollm2, [ids for ids, _ in greedy_cases], drafters, max_new_tokens=32)

@@ -200,7 +200,7 @@ def test_every_method_batched_matches_ar_on_smollm2(smollm2, smollm2_int8, cases
     from specdec_cli.io.models import load_draft
 
     models = [smollm2_int8, load_draft("bf16:", smollm2)][:drafts]
-    drafters = api.make_drafters(method, smollm2, models, api.RunSettings(max_new_tokens=NEW_TOKENS), count=3)
+    drafters = api.make_drafters(method, smollm2, models, api.RunSettings(max_new_tokens=NEW_TOKENS), batch_size=3)
     results = api.run_batch(smollm2, [ids for ids, _ in cases], drafters, max_new_tokens=NEW_TOKENS)
     for d in reversed(drafters):
         d.finish()
@@ -209,7 +209,7 @@ def test_every_method_batched_matches_ar_on_smollm2(smollm2, smollm2_int8, cases
 
 @pytest.mark.slow
 def test_batched_auto_shares_its_memory_across_slots(smollm2, cases):
-    drafters = api.make_drafters("auto", smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), count=2)
+    drafters = api.make_drafters("auto", smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), batch_size=2)
     assert drafters[1].memory is drafters[0].memory
     api.run_batch(smollm2, [ids for ids, _ in cases], drafters, max_new_tokens=NEW_TOKENS)
     for d in reversed(drafters):

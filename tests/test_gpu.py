@@ -160,7 +160,7 @@ def test_batched_decoding_matches_ar_on_gpu(make):
 
 @pytest.mark.parametrize("method", ["auto", "pld"])
 def test_batched_methods_match_ar_on_smollm2_gpu(gpu_smollm2, gpu_cases, method):
-    drafters = api.make_drafters(method, gpu_smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), count=2)
+    drafters = api.make_drafters(method, gpu_smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), batch_size=2)
     results = api.run_batch(gpu_smollm2, [ids for ids, _ in gpu_cases], drafters, max_new_tokens=NEW_TOKENS)
     assert [r.tokens for r in results] == [ar for _, ar in gpu_cases]
 

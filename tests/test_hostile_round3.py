@@ -106,8 +106,10 @@ def test_batch_size_has_a_hard_bound(tmp_path, command):
 
 def test_batch_size_is_capped_at_the_prompt_count():
     from specdec_cli.commands.generate import check_prompts
+    from specdec_cli.config import RunSettings
 
-    assert check_prompts(["a", "b"], 200) == 2 and check_prompts(["a", "b", "c"], 2) == 2
+    assert check_prompts(["a", "b"], RunSettings(batch_size=200)).batch_size == 2
+    assert check_prompts(["a", "b", "c"], RunSettings(batch_size=2)).batch_size == 2
 
 
 # --- 2. reads of a batch file are bounded and can be interrupted ------------------------------------------------
@@ -487,7 +489,7 @@ def test_keyword_values_override_the_settings_passed():
     drafter = api.make_drafter("ar", target, [], settings)
     assert len(api.run(target, [1, 2, 3], drafter, settings, max_new_tokens=3).tokens) == 3
     assert len(api.run(target, [1, 2, 3], drafter, settings).tokens) == 12
-    drafters = api.make_drafters("ar", target, [], settings, count=2)
+    drafters = api.make_drafters("ar", target, [], settings, batch_size=2)
     results = api.run_batch(target, [[1, 2, 3], [4, 5]], drafters, settings, max_new_tokens=3)
     assert [len(r.tokens) for r in results] == [3, 3]
 
@@ -517,7 +519,7 @@ def test_a_batched_run_leaves_each_drafters_own_prices():
     from specdec_cli import api
 
     target, settings = tiny_target(), api.RunSettings(max_new_tokens=4)
-    drafters = api.make_drafters("ar", target, [], settings, count=2)
+    drafters = api.make_drafters("ar", target, [], settings, batch_size=2)
     own = [d.budget.profile for d in drafters]
     for _ in range(2):
         api.run_batch(target, [[1, 2, 3], [4, 5], [6]], drafters, settings)

@@ -63,7 +63,7 @@ def test_rest_batched_matches_ar(smollm2, stdlib_store):
     # all, which is a speed choice, not a correctness one; the losslessness of auto is asserted just below)
     for budget in ("paper", "auto"):
         settings = api.RunSettings(max_new_tokens=NEW_TOKENS, budget=budget)
-        drafters = api.make_drafters("rest", smollm2, [], settings, count=3, datastore=str(stdlib_store))
+        drafters = api.make_drafters("rest", smollm2, [], settings, batch_size=3, datastore=str(stdlib_store))
         results = api.run_batch(smollm2, cases, drafters, max_new_tokens=NEW_TOKENS)
         assert [r.tokens for r in results] == expected, budget
         if budget == "paper":

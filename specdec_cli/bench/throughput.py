@@ -12,12 +12,14 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import api
+from ..config import BatchSizes
 from ..errors import SpecdecError
 from ..io.jsonl import MAX_JSONL_BYTES, iter_jsonl
 from ..runtime.machine import set_threads
@@ -29,20 +31,6 @@ from .runners import cut_at_stop, encode_turn
 
 SCHEMA = "specdec-bench-throughput/2"  # /2: the config holds the run's settings as one object (as bench's)
 READ_SCHEMAS = ("specdec-bench-throughput/1", SCHEMA)  # an --out of /1 records is appended to
-
-
-def parse_sizes(text: str) -> list[int]:
-    """``--batch-size 1,4,8``: integers from 1 to ``MAX_BATCH_SIZE``, in the order given, without repeats."""
-    from ..config import check_batch_size
-
-    sizes = []
-    for item in text.split(","):
-        try:
-            size = int(item.strip())
-        except ValueError:
-            raise SpecdecError(f"--batch-size takes positive integers separated by commas, got {text[:40]!r}") from None
-        sizes.append(check_batch_size(size))
-    return list(dict.fromkeys(sizes))
 
 
 def check_methods(methods: list[str], engine: str = "specdec") -> list[str]:
@@ -144,16 +132,17 @@ def timed_hf(target, ids, size, cfg, reference) -> dict:
     return row("hf-batch", size, outputs, seconds, latencies, forwards, reference if cfg.greedy else None, peak_mib())
 
 
-def timed_ours(method: str, target, drafts, ids, size, cfg, reference, opened) -> dict:
+def timed_ours(method: str, target, drafts, ids, size: int, cfg, reference, opened) -> dict:
     from .runners import datastore_for
 
-    drafters = api.make_drafters(method, target, drafts, cfg.settings, count=size, check=False,
+    settings = replace(cfg.settings, batch_size=size)
+    drafters = api.make_drafters(method, target, drafts, settings, check=False,
                                  datastore=datastore_for(method, cfg.datastore), options=cfg.options, opened=opened)
-    api.run_batch(target, ids[:size], drafters, cfg.settings, max_new_tokens=WARMUP_TOKENS)  # warm-up (+ timing)
+    api.run_batch(target, ids[:size], drafters, settings, max_new_tokens=WARMUP_TOKENS)  # warm-up (+ timing)
     steps = []
     reset_peak()
     t0 = time.perf_counter()
-    results = api.run_batch(target, ids, drafters, cfg.settings, on_step=lambda rows, s: steps.append(s))
+    results = api.run_batch(target, ids, drafters, settings, on_step=lambda rows, s: steps.append(s))
     seconds = time.perf_counter() - t0
     for drafter in reversed(drafters):
         drafter.finish()
@@ -200,15 +189,15 @@ def add_speedups(rows: list[dict]) -> None:
             r["hf_best_batch_size"] = max(hf, key=hf.get)
 
 
-def throughput(cfg, target, drafts, prompts, sizes: list[int], opened: dict | None = None, log=None) -> dict:
-    """Run the throughput mode; returns its record."""
+def throughput(cfg, target, drafts, prompts, sizes: BatchSizes, opened: dict | None = None, log=None) -> dict:
+    """Run the throughput mode at each of ``sizes`` (at most one slot per prompt); returns its record."""
     set_threads(cfg.settings.threads)
     log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
     from .labels import split_label
     from .engines import close_engines, start_vllm_engines
 
     ids = [encode_turn(target, p, 0, [], cfg.settings.max_new_tokens) for p in prompts]
-    sizes = list(dict.fromkeys(min(size, len(ids)) for size in sizes))  # a slot per prompt at most
+    sizes = list(sizes.fitted(len(ids)))
     engines = start_vllm_engines(cfg, target, max(sizes), max(sizes) * (max(map(len, ids)) + cfg.settings.max_new_tokens + 33))
     try:
         first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy)

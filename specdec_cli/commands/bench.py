@@ -65,7 +65,7 @@ def bench(
     from .common import parse_opts, user_errors
 
     with user_errors():
-        from ..config import RunSettings, SamplingConfig
+        from ..config import BatchSizes, RunSettings, SamplingConfig
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
         settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked
@@ -81,17 +81,17 @@ def bench(
                               kernels=kernels, compile=compile, engine=engine, vllm=vllm)
         if batch_size is None:
             return run_bench(lib, cfg, out, resume, compare_to, tolerance, plot, as_json)
-        run_throughput(lib, cfg, batch_size, names, out, (resume, compare_to, plot), as_json)
+        run_throughput(lib, cfg, BatchSizes.parse(batch_size), names, out, (resume, compare_to, plot), as_json)
 
 
-def run_throughput(lib, cfg, batch_size: str, names: list[str], out, refused, as_json: bool) -> None:
-    """``--batch-size``: the throughput mode (specdec_cli.bench.throughput)."""
+def run_throughput(lib, cfg, sizes, names: list[str], out, refused, as_json: bool) -> None:
+    """``--batch-size``: the throughput mode (specdec_cli.bench.throughput), at each of ``sizes``
+    (:class:`~specdec_cli.config.BatchSizes`)."""
     from ..bench import throughput
     from .. import api
     from ..runtime.machine import set_threads
     from .common import quiet_libraries
 
-    sizes = throughput.parse_sizes(batch_size)
     if any(refused):
         raise SpecdecError("--resume, --compare and --plot belong to the latency mode; drop them with --batch-size")
     cfg.methods = throughput.check_methods(names, cfg.engine)  # ar runs sequentially anyway; listed, batched too

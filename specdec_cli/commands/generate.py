@@ -56,23 +56,24 @@ def generate(
         from ..config import RunSettings, SamplingConfig
 
         prompts = read_prompts(prompt, batch_file)
-        settings = RunSettings(max_new_tokens, SamplingConfig(temperature, top_p, top_k), seed, window, budget, threads)
+        settings = RunSettings(max_new_tokens, SamplingConfig(temperature, top_p, top_k), seed, window, budget, threads,
+                               batch_size)  # every value checked here, once
         options, stores = method_options(opt, save_adapted, memory, method), list(datastore or [])
         vllm = vllm_settings(engine, tensor_parallel_size, pipeline_parallel_size, distributed_executor_backend,
                              vllm_arg, options, stores)
         if vllm:
             check_vllm_method(method, options, stores)
             refuse_for_vllm(draft, kernels, compile, settings.budget, device, save_adapted)
-            batch_size = check_prompts(prompts, batch_size)
+            settings = check_prompts(prompts, settings)
             open_stores("auto", stores, model)
-            return generate_on_vllm(model, method, prompts, settings, vllm, dtype=dtype, batch_size=batch_size,
-                                    raw=raw, system=system, as_json=as_json)
+            return generate_on_vllm(model, method, prompts, settings, vllm, dtype=dtype, raw=raw, system=system,
+                                    as_json=as_json)
         on_specdec(model, method, prompts, settings, options, stores, list(draft or []), (dtype, device, kernels),
-                   compile, batch_size, (raw, system, as_json))
+                   compile, (raw, system, as_json))
 
 
 def on_specdec(model: str, method: str, prompts: list[str], settings, options: dict, stores: list[str],
-               drafts: list[str], placement: tuple, compile: str, batch_size: int, output: tuple) -> None:
+               drafts: list[str], placement: tuple, compile: str, output: tuple) -> None:
     """``generate`` on specdec's own engine: every cheap check, then the model, then the answers."""
     from ..methods import check_methods, check_options
     from ..runtime.cache_mode import check as check_compile
@@ -80,7 +81,7 @@ def on_specdec(model: str, method: str, prompts: list[str], settings, options: d
     (dtype, device, kernels), (raw, system, as_json) = placement, output
     check_methods([method])
     check_compile(compile)
-    batch_size = check_prompts(prompts, batch_size)
+    settings = check_prompts(prompts, settings)
     check_options([method], options)
     opened = open_stores(method, stores, model)
     from .. import api
@@ -91,10 +92,11 @@ def on_specdec(model: str, method: str, prompts: list[str], settings, options: d
     encoded = [api.encode_prompt(target, p, raw=raw, system=system, max_new_tokens=settings.max_new_tokens)
                for p in prompts]
     meta = {"model": model, "method": method, "drafts": drafts}
-    if batch_size > 1 and len(encoded) > 1:
-        drafters = api.make_drafters(method, target, draft_models, settings, count=batch_size, datastore=stores,
-                                     options=options, opened=opened, check=False)
-        return answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": batch_size}, as_json)
+    if settings.batch_size > 1:  # several prompts (check_prompts leaves at most one slot per prompt)
+        drafters = api.make_drafters(method, target, draft_models, settings, datastore=stores, options=options,
+                                     opened=opened, check=False)
+        return answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": settings.batch_size},
+                            as_json)
     drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,
                                compile=compile, opened=opened, check=False)  # options checked above
     for i, ids in enumerate(encoded):
@@ -102,15 +104,14 @@ def on_specdec(model: str, method: str, prompts: list[str], settings, options: d
     drafter.finish()
 
 
-def check_prompts(prompts: list[str], batch_size: int) -> int:
-    """The prompts are not empty; returns the batch size to use: ``--batch-size`` (checked against its bound), at
-    most one slot per prompt."""
-    from ..config import check_batch_size
+def check_prompts(prompts: list[str], settings):
+    """The prompts are not empty; returns ``settings`` with the batch size to use: ``--batch-size`` (checked when
+    the settings were made), at most one slot per prompt."""
+    from dataclasses import replace
 
-    check_batch_size(batch_size)
     if any(not p.strip() for p in prompts):
         raise SpecdecError("empty prompt: give a prompt argument, pipe text on stdin, or use --batch-file")
-    return min(batch_size, len(prompts))
+    return replace(settings, batch_size=min(settings.batch_size, len(prompts)))
 
 
 def open_stores(method: str, stores: list[str], model: str) -> dict:

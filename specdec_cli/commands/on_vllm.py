@@ -94,16 +94,16 @@ def vllm_settings(engine: str, tensor_parallel_size: Optional[int], pipeline_par
 
 
 def generate_on_vllm(model: str, method: str, prompts: list[str], settings, vllm: dict, *, dtype: str,
-                     batch_size: int, raw: bool, system: Optional[str], as_json: bool) -> None:
-    """``specdec generate --engine vllm``: every prompt on one engine, at most ``batch_size`` at once; answers
-    printed in input order (streamed when there is one prompt and no --json)."""
+                     raw: bool, system: Optional[str], as_json: bool) -> None:
+    """``specdec generate --engine vllm``: every prompt on one engine, at most ``settings.batch_size`` at once;
+    answers printed in input order (streamed when there is one prompt and no --json)."""
     from .. import api
     from ..serving.vllm_engine import EngineOptions
 
     text = api.load_text(model)
     encoded = [api.encode_prompt(text, p, raw=raw, system=system, max_new_tokens=settings.max_new_tokens)
                for p in prompts]
-    batch = min(batch_size, len(encoded))
+    batch = min(settings.batch_size, len(encoded))
     longest = max(len(ids) for ids in encoded) + settings.max_new_tokens + (settings.window or 32) + 1
     opts = EngineOptions(dtype=dtype, threads=settings.threads, tensor_parallel_size=vllm["tensor_parallel_size"],
                          pipeline_parallel_size=vllm["pipeline_parallel_size"], executor=vllm["executor"],

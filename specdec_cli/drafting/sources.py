@@ -55,9 +55,9 @@ def rows_to_draft(rows: np.ndarray, top_c: int, trust: float = 1.0) -> Draft:
 class Source:
     """One of ``auto``'s draft sources. Besides drafting (``start``, ``propose``, ``accept``) a source has hooks for
     what outlives a generation, so that the drafter never needs to know its class: ``state``/``load_state`` (a
-    ``bench --resume`` checkpoint, kept under ``state_key``), ``share_with`` (the same source of another batch
-    slot's drafter: what is learnt about the run's outputs is held once) and ``finish`` (after the last generation).
-    """
+    ``bench --resume`` checkpoint, kept under ``state_key``) and ``finish`` (after the last generation). What the
+    slots of a batch hold once (the memory of outputs) is handed to each slot's source when it is made
+    (``MethodContext.held_once``)."""
 
     name = "source"
     cost_s = 5e-5  # what a proposal is assumed to cost where the clock is not read (sampled runs)
@@ -79,9 +79,6 @@ class Source:
     def load_state(self, data) -> None:
         """Continue from :meth:`state`'s answer; the data comes from a file: ValueError, KeyError or TypeError
         when it is not one."""
-
-    def share_with(self, first: "Source") -> None:
-        """``first`` is this source in the first slot's drafter of a batch: share its run-wide state."""
 
     def finish(self) -> None:
         """After the run's last generation."""
@@ -176,9 +173,6 @@ class MemorySource(CopySource):
             return
         prompt, output = token_list(data[0]), token_list(data[1])
         self.prompt, self.sequence = prompt, prompt + output
-
-    def share_with(self, first: "Source") -> None:
-        self.memory = first.memory
 
     def finish(self) -> None:
         self.flush()

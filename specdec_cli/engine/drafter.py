@@ -74,10 +74,6 @@ class Drafter:
         steps; ``cache.mode`` is the generation's engine path). Drafters whose draft model is a copy of the target
         read their prefix states from it; draft models follow it onto the target's path."""
 
-    def share_with(self, first: "Drafter") -> None:
-        """Another slot's drafter in a batch (``api.make_drafters``): share with ``first`` what is learnt about the
-        run's outputs, so every slot benefits (``auto``: its memory of outputs)."""
-
     def stats(self) -> dict:
         """Method-specific statistics for the whole generation (merged into the result's stats)."""
         return {}

@@ -40,6 +40,7 @@ class MethodContext:
     method: str = ""  # set by build_drafter: whose registered options ``opt`` reads
     datastores: list = field(default_factory=list)  # auto: every --datastore (kinds told apart by their manifest)
     opened: dict = field(default_factory=dict)  # folder -> datastore.OpenStore: opened once per run, shared
+    shared: dict = field(default_factory=dict)  # the parts the drafters of one batch hold once (held_once)
 
     def __post_init__(self) -> None:
         self.budget = BudgetSpec.parse(self.budget)  # a BudgetSpec as it comes; "paper", 8, ... read as --budget
@@ -53,6 +54,16 @@ class MethodContext:
         verify = bool(self.opt("verify")) if "verify" in info.options else False
         return drafting_store(self.opened, folder, kind=info.datastore_kind, fingerprint=self.target.fingerprint,
                               verify=verify)
+
+    def held_once(self, key: str, make) -> tuple[object, bool]:
+        """``(part, made)``: the run-wide part ``key`` of this method's drafters (``auto``'s memory of outputs,
+        ``aded``'s adapted tri-gram matrix), held once for every slot of a batch (``api.make_drafters`` hands their
+        contexts one ``shared`` dict): the first build makes it with ``make()`` (``made``: that drafter owns it and
+        saves it at ``finish``), the others get the same object. A drafter made alone holds its own."""
+        if key in self.shared:
+            return self.shared[key], False
+        self.shared[key] = make()
+        return self.shared[key], True
 
     def opt(self, key: str):
         """The value of a registered option of this method: ``--opt key=value`` parsed, else its default."""

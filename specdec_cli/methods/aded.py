@@ -102,10 +102,6 @@ class Aded(Drafter):
         """Write base + adapted rows as a new tri-gram store (same format, loadable with ``--datastore``)."""
         return self.matrix.save(path)
 
-    def share_with(self, first) -> None:
-        """Batch slots adapt one tri-gram matrix (the first drafter's view of the store), which the first saves."""
-        self.matrix, self.save_path = first.matrix, ""
-
     def finish(self) -> None:
         if self.save_path:
             self.save_adapted(self.save_path)
@@ -118,11 +114,12 @@ class Aded(Drafter):
 
 
 def build(ctx) -> Drafter:
-    _, matrix = ctx.store(ctx.datastore)
+    # batch slots adapt one tri-gram matrix (the first drafter's view of the store), which the first saves
+    matrix, owner = ctx.held_once("matrix", lambda: ctx.store(ctx.datastore)[1])
     matrix.top_k = ctx.opt("top_k") or matrix.top_k
     depth = ctx.opt("depth") if "depth" in ctx.options or not ctx.window else ctx.window
     cfg = MCTSConfig(iterations=ctx.opt("iterations"), c1=ctx.opt("c1"), c2=ctx.opt("c2"), depth=depth,
                      candidates=ctx.opt("candidates"))
     return Aded(matrix, cfg, adapt=bool(ctx.opt("adapt")), adapt_prompt=bool(ctx.opt("adapt_prompt")),
                 increment=ctx.opt("increment"), max_prob=ctx.opt("max_prob"), seed=ctx.opt("seed"),
-                save_path=ctx.opt("save_adapted"))
+                save_path=ctx.opt("save_adapted") if owner else "")

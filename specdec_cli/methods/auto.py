@@ -73,12 +73,6 @@ class AutoDrafter(Drafter):
         for dm in self.models:
             dm.use_target_cache(cache)
 
-    def share_with(self, first) -> None:
-        for mine, theirs in zip(self.sources, first.sources):  # the same options: the same sources in order
-            mine.share_with(theirs)
-        if self.memory is not None and first.memory is not None:
-            self.memory, self.memory_dir = first.memory, None  # the first drafter saves it
-
     def finish(self) -> None:
         for source in self.sources:
             source.finish()
@@ -265,12 +259,12 @@ def build(ctx) -> Drafter:
     sources: list[Source] = []
     if ctx.opt("context"):
         sources.append(ContextSource(max_n=ctx.opt("max_ngram"), top_c=ctx.opt("top_c")))
-    memory = None
+    memory = memory_dir = None
     if ctx.opt("memory"):
-        memory_dir = ctx.opt("memory_dir") or None
-        size = ctx.opt("memory_tokens")
-        memory = (OutputMemory.load(memory_dir, ctx.target.fingerprint, ctx.target.vocab_size, size) if memory_dir
-                  else OutputMemory(size))
+        # one memory for every slot of a batch: a prompt drafts from outputs finished in other rows; the first
+        # drafter (which made it) saves it
+        memory, owner = ctx.held_once("memory", lambda: load_memory(ctx))
+        memory_dir = (ctx.opt("memory_dir") or None) if owner else None
         sources.append(MemorySource(memory, top_c=ctx.opt("top_c")))
     elif ctx.opt("memory_dir"):
         raise SpecdecError("--memory DIR needs the memory on (drop --opt memory=0)")
@@ -285,5 +279,13 @@ def build(ctx) -> Drafter:
     rows_to_draft(np.array([[1, 2, -1]]), 2)  # compiled code loaded (or compiled) now, not in the first step
     models = [draft_model_for(d, ctx.target, ctx.budget.adaptive) for d in ctx.drafts[:1]]
     return AutoDrafter(sources, models, max_nodes=ctx.opt("max_nodes"), cont_len=ctx.opt("cont_len"),
-                       window=ctx.window or ctx.opt("model_window"), memory=memory,
-                       memory_dir=memory_dir if memory is not None else None, fingerprint=ctx.target.fingerprint)
+                       window=ctx.window or ctx.opt("model_window"), memory=memory, memory_dir=memory_dir,
+                       fingerprint=ctx.target.fingerprint)
+
+
+def load_memory(ctx) -> OutputMemory:
+    """The memory of earlier outputs: ``--memory DIR``'s, else a new one (``memory_tokens`` bound)."""
+    memory_dir, size = ctx.opt("memory_dir") or None, ctx.opt("memory_tokens")
+    if memory_dir:
+        return OutputMemory.load(memory_dir, ctx.target.fingerprint, ctx.target.vocab_size, size)
+    return OutputMemory(size)
