@@ -5,6 +5,7 @@ target's law, and the model is the float32 one with 16-bit weights."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -252,3 +253,17 @@ def test_auto_greedy_matches_ar_at_float16():
         ids = api.encode_prompt(target, text, max_new_tokens=NEW_TOKENS)
         expected = api.run(target, ids, api.make_drafter("ar", target), max_new_tokens=NEW_TOKENS).tokens
         assert api.run(target, ids, drafter, max_new_tokens=NEW_TOKENS).tokens == expected
+
+
+def test_a_16bit_target_loads_its_own_16bit_copy_of_the_conversion(smollm2):
+    """``--dtype bfloat16`` reads a bfloat16 file (made once from the float32 conversion), not the float32 one cast
+    while loading (whose mapped pages doubled the peak memory): the same weights, and a folder source_gguf knows."""
+    from specdec_cli.io import gguf
+    from specdec_cli.io.models import load_model
+
+    target = load_model("smollm2-135m", dtype="bfloat16", device="cpu")
+    folder = Path(target.info["source"])
+    assert folder.name.endswith("-bfloat16") and gguf.stored_of(folder) == "bfloat16" and gguf.complete(folder)
+    assert gguf.cache_dir(gguf.source_gguf(str(folder)), "bfloat16") == folder
+    for (name, mine), (_, theirs) in zip(target.model.state_dict().items(), smollm2.model.state_dict().items()):
+        assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs.to(torch.bfloat16)), name

@@ -5,6 +5,10 @@
   folder whose files do not match its marker (a truncated copy, a deleted file) is converted again before it is
   loaded, and one that transformers cannot load is converted again once (:func:`rebuild`); when even a fresh
   conversion does not load, the error names the folder.
+* **16-bit targets read 16-bit files**: ``--dtype bfloat16|float16`` loads a copy of the conversion stored at that
+  dtype (made once from the float32 one, in its own folder). Loading a float32 file at 16 bits maps all of it while
+  casting, so the file's 4 bytes a weight showed in the peak memory (1233 MB against 497 MB for SmolLM2, issue 35);
+  rounding at conversion or at load gives the same bits.
 * **One conversion at a time**: a process converting holds an ``flock`` on ``.NAME.lock`` beside the folder; a second
   one waits for it, then loads the first one's result instead of converting again.
 """
@@ -29,12 +33,19 @@ from .jsonl import read_json
 
 MARKER = "specdec-converted.json"
 MAX_MARKER_BYTES = 1 << 20  # a marker lists a handful of files
+STORED = ("bfloat16", "float16")  # the dtypes a conversion is also kept at (besides float32)
 
 
-def cache_dir(gguf: Path) -> Path:
+def cache_dir(gguf: Path, stored: str | None = None) -> Path:
+    """The folder of ``gguf``'s conversion (float32; ``stored``: its copy at that 16-bit dtype)."""
     st = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
-    return cache_root() / "converted" / f"{gguf.stem}-{key}"
+    return cache_root() / "converted" / (f"{gguf.stem}-{key}" + (f"-{stored}" if stored else ""))
+
+
+def stored_of(out: Path) -> str | None:
+    """The 16-bit dtype a conversion folder holds (None: float32), from its name."""
+    return next((d for d in STORED if out.name.endswith(f"-{d}")), None)
 
 
 def marker_id(out: Path) -> tuple[int, int] | None:
@@ -79,11 +90,14 @@ def conversion_lock(out: Path) -> Iterator[None]:
         os.close(fd)  # drops the lock
 
 
-def convert(gguf: Path, progress: bool = True) -> Path:
-    """De-quantize a GGUF file to a transformers directory (cached); returns the directory."""
-    out = cache_dir(gguf)
+def convert(gguf: Path, progress: bool = True, stored: str | None = None) -> Path:
+    """De-quantize a GGUF file to a transformers directory (cached; ``stored``: at that 16-bit dtype, from the
+    float32 one); returns the directory."""
+    out = cache_dir(gguf, stored)
     if complete(out):
         return out
+    if stored:
+        convert(gguf, progress)
     with conversion_lock(out):
         if complete(out):  # converted by the process we waited for
             return out
@@ -97,6 +111,8 @@ def rebuild(gguf: Path, out: Path, seen: tuple[int, int] | None, why: str) -> Pa
     with conversion_lock(out):
         if marker_id(out) == seen or not complete(out):
             say(f"the converted model in {out} cannot be loaded ({why}); converting {gguf.name} again")
+            if stored_of(out):
+                convert(gguf)  # the float32 conversion it is made from
             _convert(gguf, out, progress=True)
     return out
 
@@ -111,21 +127,25 @@ def source_gguf(source: str) -> Path | None:
         gguf = Path(marker["gguf"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return gguf if gguf.is_file() and cache_dir(gguf) == folder else None
+    return gguf if gguf.is_file() and cache_dir(gguf, stored_of(folder)) == folder else None
 
 
 def _convert(gguf: Path, out: Path, progress: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    kw = dict(gguf_file=gguf.name)
+    stored = stored_of(out)
+    src, kw = (cache_dir(gguf), {}) if stored else (gguf.parent, dict(gguf_file=gguf.name))
     if progress:
-        say(f"first use of {gguf.name}: de-quantizing it into a transformers checkpoint under {out.parent} (once)")
+        what = f"a {stored} copy of its conversion" if stored else "a transformers checkpoint"
+        say(f"first use of {gguf.name}{f' at {stored}' if stored else ''}: de-quantizing it into {what} under "
+            f"{out.parent} (once)")
     t0 = time.perf_counter()
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kw)
+        tok = AutoTokenizer.from_pretrained(src, **kw)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, stored or "float32"), **kw,
+                                                     **({} if stored else {"quantization_config":
+                                                                           GgufConfig(dequantize=True)}))
     except Exception as err:  # noqa: BLE001
         raise SpecdecError(f"could not read GGUF file {gguf}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
     tmp = new_build_dir(out)

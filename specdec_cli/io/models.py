@@ -119,23 +119,24 @@ def _pypi_gguf_path(alias: Alias) -> Path:
         raise SpecdecError(f"could not assemble the GGUF from {pkg!r}: {err}") from None
 
 
-def find_source(spec: str) -> tuple[str, Alias | None]:
-    """Map ``--model`` to something ``from_pretrained`` can read: a directory or a hub id."""
+def find_source(spec: str, stored: str | None = None) -> tuple[str, Alias | None]:
+    """Map ``--model`` to something ``from_pretrained`` can read: a directory or a hub id (a GGUF's conversion at
+    the 16-bit dtype ``stored`` when one is asked for: :mod:`specdec_cli.io.gguf`)."""
     alias = ALIASES.get(spec.lower())
     if alias and alias.pypi_gguf:
-        return str(gguf_file.convert(_pypi_gguf_path(alias))), alias
+        return str(gguf_file.convert(_pypi_gguf_path(alias), stored=stored)), alias
     if alias:
         return alias.hub_id, alias
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_file() and path.suffix == ".gguf":
-            return str(gguf_file.convert(path)), None
+            return str(gguf_file.convert(path, stored=stored)), None
         if path.is_dir():
             if (path / "config.json").exists():
                 return str(path), None
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
-                return str(gguf_file.convert(ggufs[0])), None
+                return str(gguf_file.convert(ggufs[0], stored=stored)), None
         raise SpecdecError(f"{spec}: not a transformers model directory (no config.json) or a single .gguf file")
     if spec.count("/") == 1 and not spec.startswith((".", "/")):
         return spec, None
@@ -143,8 +144,9 @@ def find_source(spec: str) -> tuple[str, Alias | None]:
 
 
 def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    source, alias = find_source(spec)
     torch_dtype = resolve_dtype(dtype, device)
+    stored = str(torch_dtype).replace("torch.", "")
+    source, alias = find_source(spec, stored if stored in gguf_file.STORED else None)
     dmap = device_map(device)
     tok, model, source = _load_converted_again(f"model {spec!r}", source, lambda src: _pretrained(src, torch_dtype,
                                                                                                 dmap))
