@@ -84,7 +84,9 @@ class BudgetSpec:
             return cls(paper=True)
         try:
             n = int(spec)
-        except (TypeError, ValueError):
+            if isinstance(spec, float) and n != spec:
+                raise ValueError  # 8.7 is no number of draft tokens (a record or a library caller may hold one)
+        except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is an infinite float
             raise SpecdecError(f"--budget must be auto, paper or a number of draft tokens, got {spec!r}") from None
         if n < 0:
             raise SpecdecError(f"--budget must be >= 0, got {n}")

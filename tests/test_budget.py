@@ -320,3 +320,21 @@ def test_causal_cut_of_long_sampled_chains_is_exact():
     assert two_token_pvalue(make, n=1000, max_new_tokens=6) > 1e-3
     cut = [kept for drafted, kept in Recording.cuts if kept < drafted]
     assert len(Recording.cuts) > 2000 and len(cut) > 500 and sum(k >= 2 for k in cut) > 300  # long chains, cut
+
+
+def test_a_budget_that_is_no_whole_number_of_tokens_is_one_clear_error():
+    """A record or a library caller may hold any JSON number: infinity (JSON's 1e400) and 8.7 are refused with the
+    flag's message, not an OverflowError or a silent 8."""
+    from specdec_cli.config import BudgetSpec
+    from specdec_cli.errors import SpecdecError
+
+    for bad in (float("inf"), float("nan"), 8.7):
+        with pytest.raises(SpecdecError, match="--budget must be"):
+            BudgetSpec.parse(bad)
+    assert BudgetSpec.parse(8.0).limit == 8
+
+
+def test_a_partial_file_whose_schema_is_not_a_string_is_no_partial_run():
+    from specdec_cli.bench.checkpoint import current_schema
+
+    assert current_schema({"schema": [1]}) is None and current_schema({"schema": {"a": 1}}) is None

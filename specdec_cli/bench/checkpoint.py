@@ -230,7 +230,8 @@ class Checkpoint:
 
 def current_schema(entry: dict):
     """The schema of a partial file's header or state file, a /1 one (its config upgraded on reading) read as /2."""
-    return OLD_SCHEMAS.get(entry.get("schema"), entry.get("schema"))
+    schema = entry.get("schema")
+    return OLD_SCHEMAS.get(schema, schema) if isinstance(schema, str) else None  # a hostile file: any JSON value
 
 
 def differences(old: dict, new: dict) -> list[str]:

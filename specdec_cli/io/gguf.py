@@ -7,8 +7,9 @@
   conversion does not load, the error names the folder.
 * **16-bit targets read 16-bit files**: ``--dtype bfloat16|float16`` loads a copy of the conversion stored at that
   dtype (made once from the float32 one, in its own folder). Loading a float32 file at 16 bits maps all of it while
-  casting, so the file's 4 bytes a weight showed in the peak memory (1233 MB against 497 MB for SmolLM2, issue 35);
-  rounding at conversion or at load gives the same bits.
+  casting, so the file's 4 bytes a weight showed in the peak memory (SmolLM2's load peaked at 1394 MB against
+  658 MB from its bfloat16 copy, issue 35); rounding at conversion or at load gives the same bits. On the CPU only
+  (``io.models.load_model``): a GPU's copy of the weights is not in this process's memory.
 * **One conversion at a time**: a process converting holds an ``flock`` on ``.NAME.lock`` beside the folder; a second
   one waits for it, then loads the first one's result instead of converting again.
 """
@@ -141,13 +142,25 @@ def _convert(gguf: Path, out: Path, progress: bool) -> None:
         say(f"first use of {gguf.name}{f' at {stored}' if stored else ''}: de-quantizing it into {what} under "
             f"{out.parent} (once)")
     t0 = time.perf_counter()
-    try:
+
+    def read():
         tok = AutoTokenizer.from_pretrained(src, **kw)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, stored or "float32"), **kw,
                                                      **({} if stored else {"quantization_config":
                                                                            GgufConfig(dequantize=True)}))
+        return tok, model
+
+    try:
+        try:
+            tok, model = read()
+        except Exception as err:  # noqa: BLE001 - a 16-bit copy: its float32 source may be damaged; remake it once
+            if not stored:
+                raise
+            rebuild(gguf, src, marker_id(src), f"{type(err).__name__}: {str(err).splitlines()[0]}")
+            tok, model = read()
     except Exception as err:  # noqa: BLE001
-        raise SpecdecError(f"could not read GGUF file {gguf}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+        what = f"the converted model {src}" if stored else f"GGUF file {gguf}"
+        raise SpecdecError(f"could not read {what}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
     tmp = new_build_dir(out)
     if progress:
         size = sum(p.numel() * p.element_size() for p in model.parameters())

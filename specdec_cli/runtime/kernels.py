@@ -18,7 +18,7 @@ dispatches on the row count through a *plan* measured once per machine, thread c
 * ``dot``    -- register tiles of 2 rows x 4 outputs (:mod:`specdec_cli.runtime.tiles`, numba), reading ``W`` as
   it is: each weight vector loaded serves two rows, each input vector four outputs. Single-threaded MKL's GEMV
   streams a 576-wide weight at ~11 GB/s on the EPYC of docs/profiling.md, the tiles at the read bandwidth; for 4-8
-  rows MKL's GEMM takes 2-3x one row's time, the tiles 1.2-1.6x. Each output's sum runs in one order whatever the
+  rows MKL's GEMM took 1.9-3.5x one row's time, the tiles take 1.2-1.6x. Each output's sum runs in one order whatever the
   row count: a verified row's logits are a one-row forward's (while every row count up to it uses ``dot``).
 
 16-bit weights (``--dtype bfloat16|float16``) get :mod:`specdec_cli.runtime.kernels16`'s row-invariant strategies

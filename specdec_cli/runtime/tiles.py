@@ -3,11 +3,11 @@
 
 Why (docs/profiling.md, "Verification rows"): a verification forward pushes a handful of rows through every weight.
 One row is memory-bound; from about four rows on, the per-row kernels that loaded each weight vector once per row
-(:func:`specdec_cli.runtime.dot16` blocks, ``dot_rows``) became compute-bound, and MKL, which the float32 plans then
-picked, streams these shapes far below the bandwidth: a SmolLM2 forward's products took 1.6x one row's time at 4
-rows and 2.9x at 8. Here a *tile* of ``ROWS`` rows x ``OUTS`` outputs keeps ``ROWS * OUTS`` accumulators in
-registers, so each weight vector loaded serves every row of the tile and each input vector every output of it:
-1.3x at 4 rows and 1.7x at 8, with one row as fast as before.
+(:mod:`specdec_cli.runtime.dot16`'s blocks, ``dot_rows``) became compute-bound, and MKL, which the float32 plans
+then picked, streams these shapes far below the bandwidth: a SmolLM2 forward's float32 products took 1.9x one row's
+time at 4 rows and 3.5x at 8 (docs/profiling.md, "Verification rows"). Here a *tile* of :data:`PAIR` rows x
+:data:`OUTS` outputs keeps their accumulators in registers, so each weight vector loaded serves every row of the
+tile and each input vector every output of it: 1.2x at 4 rows and 1.6x at 8, with one row as fast as before.
 
 **Row invariance by construction.** Every output is one sum in one fixed order, written out in LLVM IR without
 fast-math flags (LLVM may not reorder it): lane ``l`` of one :data:`VECTOR`-wide accumulator takes the products of
