@@ -1,7 +1,9 @@
 """Per-prompt counts (target forwards, emitted, drafted, accepted) of every method decoding a batch, to show that a
 refactor of the batched loop keeps behaviour -- the batched twin of scripts/counts.sh (bench's latency mode runs one
-sequence at a time). Greedy with ``--budget paper`` and sampled (t = 0.8) with ``--budget auto``: both reproducible
-(greedy ``auto`` in a batch learns from measured forward times).
+sequence at a time). Greedy with ``--budget paper`` and sampled (t = 0.8) with ``--budget auto``. The sampled runs
+are reproducible. The greedy ones are reproducible on a quiet core only: a greedy batch chooses its draft width
+from measured forward times, even under ``paper``, so a loaded core can move ``drafted`` and ``forwards`` (the
+tokens stay identical). Run both sides on a quiet core.
     python scripts/batch_counts.py STORE_PREFIX --batch-size 4 > counts.jsonl     # on the code before, then after
     diff before.jsonl after.jsonl
 STORE_PREFIX-sa and STORE_PREFIX-tri: suffix-array and tri-gram datastores built with SmolLM2 (scripts/counts.sh).
