@@ -31,9 +31,9 @@ if COMPILED:  # pragma: no branch - without numba there is no dot16 (kernels.STR
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from .tiles import BF16, FP16, dot_tiled
+    from .tiles import BF16, FP16, dot_tiled, fma_sums, lane_tree
 
-    _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    _F32, _I64 = ir.FloatType(), ir.IntType(64)
     _VF = ir.VectorType(_F32, VECTOR)
 
     def _load_vector(builder, wp, k):
@@ -41,14 +41,9 @@ if COMPILED:  # pragma: no branch - without numba there is no dot16 (kernels.STR
         return builder.load(builder.bitcast(builder.gep(wp, [k]), _VF.as_pointer()), align=4)
 
     def _lane_sum(builder, vectors):
-        """The fixed reduction of one row's accumulators: (a0 + a1) + (a2 + a3), then halves 4 + 4, 2 + 2, 1 + 1."""
-        s = builder.fadd(builder.fadd(vectors[0], vectors[1]), builder.fadd(vectors[2], vectors[3]))
-        width = VECTOR // 2
-        while width:
-            lo = builder.shuffle_vector(s, s, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
-            hi = builder.shuffle_vector(s, s, ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width))))
-            s, width = builder.fadd(lo, hi), width // 2
-        return builder.extract_element(s, ir.Constant(_I32, 0))
+        """The fixed reduction of one row's accumulators: (a0 + a1) + (a2 + a3), then the lane tree."""
+        pairs = builder.fadd(builder.fadd(vectors[0], vectors[1]), builder.fadd(vectors[2], vectors[3]))
+        return lane_tree(builder, pairs)
 
     def _block(rows: int):
         """An intrinsic ``block(x_addr, x_stride, w_addr, chunks, y_addr, y_stride)``: for ``rows`` float32 rows at
@@ -67,37 +62,20 @@ if COMPILED:  # pragma: no branch - without numba there is no dot16 (kernels.STR
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v8f32")
         xp = builder.inttoptr(x_addr, _F32.as_pointer())
         wp = builder.inttoptr(w_addr, _F32.as_pointer())
-        zero = ir.Constant(_VF, [0.0] * VECTOR)
-        entry = builder.block
-        loop, done = builder.append_basic_block("dot16.loop"), builder.append_basic_block("dot16.done")
-        builder.cbranch(builder.icmp_signed(">", chunks, ir.Constant(_I64, 0)), loop, done)
-        builder.position_at_end(loop)
-        c = builder.phi(_I64)
-        accs = [[builder.phi(_VF) for _ in range(ACCUMULATORS)] for _ in range(rows)]
-        new = [[None] * ACCUMULATORS for _ in range(rows)]
-        for v in range(ACCUMULATORS):
-            k = builder.add(builder.mul(c, ir.Constant(_I64, LANES)), ir.Constant(_I64, VECTOR * v))
-            wf = _load_vector(builder, wp, k)
-            for r in range(rows):
-                at = builder.add(builder.mul(x_stride, ir.Constant(_I64, r)), k)
-                xv = builder.load(builder.bitcast(builder.gep(xp, [at]), _VF.as_pointer()), align=4)
-                new[r][v] = builder.call(fma, [xv, wf, accs[r][v]])
-        step = builder.add(c, ir.Constant(_I64, 1))
-        tail = builder.block
-        c.add_incoming(ir.Constant(_I64, 0), entry)
-        c.add_incoming(step, tail)
-        for r in range(rows):
+
+        def chunk(c, accs):  # LANES products for each row; accumulator r * ACCUMULATORS + v
+            new = [None] * (rows * ACCUMULATORS)
             for v in range(ACCUMULATORS):
-                accs[r][v].add_incoming(zero, entry)
-                accs[r][v].add_incoming(new[r][v], tail)
-        builder.cbranch(builder.icmp_signed("<", step, chunks), loop, done)
-        builder.position_at_end(done)
-        finals = []
-        for r in range(rows):  # every phi first: LLVM wants them at the top of the block
-            finals.append([builder.phi(_VF) for _ in range(ACCUMULATORS)])
-            for v, phi in enumerate(finals[-1]):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(new[r][v], tail)
+                k = builder.add(builder.mul(c, ir.Constant(_I64, LANES)), ir.Constant(_I64, VECTOR * v))
+                wf = _load_vector(builder, wp, k)
+                for r in range(rows):
+                    at = builder.add(builder.mul(x_stride, ir.Constant(_I64, r)), k)
+                    xv = builder.load(builder.bitcast(builder.gep(xp, [at]), _VF.as_pointer()), align=4)
+                    new[r * ACCUMULATORS + v] = builder.call(fma, [xv, wf, accs[r * ACCUMULATORS + v]])
+            return new
+
+        flat = fma_sums(builder, chunks, rows * ACCUMULATORS, chunk)
+        finals = [flat[r * ACCUMULATORS: (r + 1) * ACCUMULATORS] for r in range(rows)]
         yp = builder.inttoptr(y_addr, _F32.as_pointer())
         for r, vectors in enumerate(finals):
             builder.store(_lane_sum(builder, vectors), builder.gep(yp, [builder.mul(y_stride, ir.Constant(_I64, r))]))

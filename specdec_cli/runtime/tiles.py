@@ -55,7 +55,35 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         return _widen(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), kind.as_pointer()), align=2),
                       fmt, vector)
 
-    def _hsum(builder, s):
+    def fma_sums(builder, trip, count: int, body):
+        """A counted loop of ``trip`` iterations (an i64 value; none when it is <= 0) carrying ``count`` 8-lane
+        accumulators that start at zero: ``body(c, accs)`` emits iteration ``c``'s work (in one basic block) and
+        returns the new accumulators. Returns their values after the loop (zeros when it did not run), in the block
+        where the loop exits. The loop skeleton of these tiles and of :mod:`specdec_cli.runtime.dot16`'s blocks."""
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731 - an i64 constant
+        zero = ir.Constant(_VF, [0.0] * VECTOR)
+        entry = builder.block
+        loop, done = builder.append_basic_block("sums.loop"), builder.append_basic_block("sums.done")
+        builder.cbranch(builder.icmp_signed(">", trip, c64(0)), loop, done)
+        builder.position_at_end(loop)
+        c = builder.phi(_I64)
+        accs = [builder.phi(_VF) for _ in range(count)]
+        new = body(c, accs)
+        step, tail = builder.add(c, c64(1)), builder.block
+        c.add_incoming(c64(0), entry)
+        c.add_incoming(step, tail)
+        for acc, value in zip(accs, new):
+            acc.add_incoming(zero, entry)
+            acc.add_incoming(value, tail)
+        builder.cbranch(builder.icmp_signed("<", step, trip), loop, done)
+        builder.position_at_end(done)
+        finals = [builder.phi(_VF) for _ in range(count)]  # every phi first: LLVM's rule
+        for phi, value in zip(finals, new):
+            phi.add_incoming(zero, entry)
+            phi.add_incoming(value, tail)
+        return finals
+
+    def lane_tree(builder, s):
         """The lanes of ``s`` added in the fixed tree: halves 4 + 4, 2 + 2, 1 + 1."""
         width = VECTOR // 2
         while width:
@@ -71,37 +99,20 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         xp = builder.inttoptr(x_addr, _F32.as_pointer())
         wp = builder.inttoptr(w_addr, (_F32 if fmt == F32 else _I16).as_pointer())
         chunks = builder.sdiv(k_dim, c64(VECTOR))
-        zero = ir.Constant(_VF, [0.0] * VECTOR)
-        entry = builder.block
-        loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
-        builder.cbranch(builder.icmp_signed(">", chunks, c64(0)), loop, done)
-        builder.position_at_end(loop)  # one chunk of 8 products for every (row, output) pair
-        c = builder.phi(_I64)
-        accs = [[builder.phi(_VF) for _ in range(outs)] for _ in range(rows)]
-        k = builder.mul(c, c64(VECTOR))
-        _prefetch(builder, w_addr, k_dim, c, outs, fmt)
-        ws = [_load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, True) for j in range(outs)]
-        new = [[None] * outs for _ in range(rows)]
-        for r in range(rows):
-            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(builder.mul(k_dim, c64(r)), k)]),
-                                              _VF.as_pointer()), align=4)
-            for j in range(outs):
-                new[r][j] = builder.call(fma, [xv, ws[j], accs[r][j]])
-        step, tail = builder.add(c, c64(1)), builder.block
-        c.add_incoming(c64(0), entry)
-        c.add_incoming(step, tail)
-        for r in range(rows):
-            for j in range(outs):
-                accs[r][j].add_incoming(zero, entry)
-                accs[r][j].add_incoming(new[r][j], tail)
-        builder.cbranch(builder.icmp_signed("<", step, chunks), loop, done)
-        builder.position_at_end(done)
-        finals = [[builder.phi(_VF) for _ in range(outs)] for _ in range(rows)]  # phis first: LLVM's rule
-        for r in range(rows):
-            for j in range(outs):
-                finals[r][j].add_incoming(zero, entry)
-                finals[r][j].add_incoming(new[r][j], tail)
-        sums = [[_hsum(builder, finals[r][j]) for j in range(outs)] for r in range(rows)]
+
+        def chunk(c, accs):  # 8 products for every (row, output) pair; accumulator r * outs + j
+            k = builder.mul(c, c64(VECTOR))
+            _prefetch(builder, w_addr, k_dim, c, outs, fmt)
+            ws = [_load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, True) for j in range(outs)]
+            new = []
+            for r in range(rows):
+                xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(builder.mul(k_dim, c64(r)), k)]),
+                                                  _VF.as_pointer()), align=4)
+                new += [builder.call(fma, [xv, ws[j], accs[r * outs + j]]) for j in range(outs)]
+            return new
+
+        finals = fma_sums(builder, chunks, rows * outs, chunk)
+        sums = [[lane_tree(builder, finals[r * outs + j]) for j in range(outs)] for r in range(rows)]
         for r in range(rows):  # the K mod 8 leftovers, one by one, in order
             for j in range(outs):
                 sums[r][j] = _leftovers(builder, xp, wp, k_dim, chunks, r, j, sums[r][j], fmt)
@@ -114,7 +125,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         """Ask for the next tile's weights while this one runs, at the rate this one reads its own: a tile reads
         ``outs`` short rows side by side (1-2 KB each), too short for the hardware's stream prefetcher to catch."""
         c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
-        item = 4 if fmt == F32 else 2
+        item = int(ITEM_BYTES[fmt])
         per_chunk = outs * VECTOR * item  # bytes this tile reads per chunk = bytes of the next block to ask for
         i8p = ir.IntType(8).as_pointer()
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
