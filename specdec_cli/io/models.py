@@ -146,13 +146,14 @@ def find_source(spec: str, stored: str | None = None) -> tuple[str, Alias | None
 def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     torch_dtype = resolve_dtype(dtype, device)
     dmap = device_map(device)
-    stored = str(torch_dtype).replace("torch.", "")  # a 16-bit CPU target reads a 16-bit copy (io.gguf)
-    source, alias = find_source(spec, stored if stored in gguf_file.STORED and dmap == "cpu" else None)
+    name = str(torch_dtype).replace("torch.", "")
+    # a 16-bit CPU target reads a 16-bit copy of a GGUF's conversion (io.gguf)
+    source, alias = find_source(spec, name if name in gguf_file.STORED and dmap == "cpu" else None)
     tok, model, source = _load_converted_again(f"model {spec!r}", source, lambda src: _pretrained(src, torch_dtype,
                                                                                                 dmap))
     model.eval()
     chat = alias.chat if alias and alias.chat is not None else bool(getattr(tok, "chat_template", None))
-    return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": str(torch_dtype).replace("torch.", "")})
+    return LoadedModel(model, tok, spec, chat, {"source": source, "dtype": name})
 
 
 @dataclass
