@@ -81,6 +81,52 @@ def test_batched_forward_gives_each_row_its_own_tree_logits(make):
                                    atol=1e-4, rtol=1e-4)
 
 
+def batched_steps(model, steps: int = 4, seed: int = 1) -> list[torch.Tensor]:
+    """Logits of a few batched steps over ragged rows with random trees and random accepted paths, and at the end
+    every layer's keys and values of every row."""
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 1, 6)]
+    cache, out = BatchCache(model, len(seqs), 16), []
+    for row, seq in enumerate(seqs):
+        single = forward.new_cache(model, 64)
+        if len(seq) > 1:
+            forward.forward_chain(model, single, seq[:-1], keep=0)
+        cache.load_row(row, single, len(seq) - 1)
+    for _ in range(steps):
+        trees = [random_tree(rng, rng.randrange(0, 6)) for _ in seqs]
+        out += cache.forward(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
+        keep = []
+        for seq, (tokens, parents) in zip(seqs, trees):
+            path = path_to(parents, rng.randrange(len(parents))) if parents else []
+            keep.append([0] + [i + 1 for i in path])
+            seq += [tokens[i] for i in path] + [rng.randrange(VOCAB)]
+        cache.keep_paths(keep)
+    for layer in cache.layers:
+        out += [layer._k[b, :, :n] for b, n in enumerate(cache.lengths)]
+        out += [layer._v[b, :, :n] for b, n in enumerate(cache.lengths)]
+    return out
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_batched_lean_forward_is_the_module_code(make, monkeypatch):
+    """A batch's forward runs the lean path (runtime.decoder.run_rows: one call of each module for all rows, no
+    transformers machinery) and gives the module code's logits, keys and values: ragged rows, trees, rollback,
+    Gemma-3's sliding windows."""
+    from specdec_cli.runtime import decoder
+
+    model = make(vocab=VOCAB)
+    lean_calls = []
+    real_run_rows = decoder.run_rows
+    monkeypatch.setattr(decoder, "run_rows", lambda *a: lean_calls.append(1) or real_run_rows(*a))
+    lean = batched_steps(model)
+    assert lean_calls and decoder.decoder_for(model) is not None
+    decoder.disable(model)  # transformers' module code from here on
+    module = batched_steps(model)
+    assert len(lean) == len(module)
+    for a, b in zip(lean, module):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_batch_mask_is_the_one_sequence_tree_mask_row_by_row():
     rng = random.Random(3)
     width, starts, window = 5, [4, 0, 9], 3

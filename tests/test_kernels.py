@@ -86,3 +86,26 @@ def uninstall(model) -> None:
                 if child.bias is not None:
                     plain.bias = child.bias
                 setattr(parent, name, plain)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_tiles_split_over_threads_give_the_one_thread_bits(threads):
+    """`dot` over several threads (runtime.dot.dot_rows_threads: the outputs split at multiples of the tile's
+    width) computes every output with the tile it gets in one thread: the same bits, for any row count, and for
+    output counts that leave a remainder of single-output tiles."""
+    import numpy as np
+
+    from specdec_cli.runtime.dot import dot_rows, dot_rows_threads, spans
+    from specdec_cli.runtime.tiles import OUTS
+
+    rng = np.random.default_rng(0)
+    for rows, k_dim, n_out in [(1, 64, 96), (2, 48, 10), (5, 32, 33), (8, 96, 130), (3, 16, 3)]:
+        cuts = spans(n_out, threads)
+        assert cuts[0][0] == 0 and cuts[-1][1] == n_out and all(a % OUTS == 0 for a, _ in cuts)
+        assert all(b == c for (_, b), (c, _) in zip(cuts, cuts[1:]))
+        x = rng.standard_normal((rows, k_dim)).astype(np.float32)
+        w = rng.standard_normal((n_out, k_dim)).astype(np.float32)
+        one, split = np.empty((rows, n_out), np.float32), np.empty((rows, n_out), np.float32)
+        dot_rows(x, w, one)
+        dot_rows_threads(x, w, split, threads)
+        assert np.array_equal(one, split)

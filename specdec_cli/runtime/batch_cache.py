@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from . import kernels
+from . import decoder, kernels
 from .cache_mode import CacheMode
 from .masks import layer_windows
 from .positions import ancestor_matrix, depths
@@ -175,13 +175,15 @@ class BatchCache(Cache):
         self.write_index = (torch.arange(self.rows)[:, None].to(dev), (starts[:, None] + torch.arange(width)).to(dev))
         self.write_end = self.max_length + width
         masks = self.masks(model, starts, anc, q_pos, self.write_end)
-        with kernels.active(), real_rows_only(model, real.to(dev)):
-            out = model(input_ids=ids.to(dev), past_key_values=self, use_cache=True, position_ids=q_pos.to(dev),
-                        attention_mask=masks, logits_to_keep=0)
+        logits = decoder.run_rows(self, model, ids.to(dev), q_pos.to(dev), masks, real.to(dev))
+        if logits is None:  # no lean path for this model: transformers' module code, cut to the real positions
+            with kernels.active(), real_rows_only(model, real.to(dev)):
+                logits = model(input_ids=ids.to(dev), past_key_values=self, use_cache=True,
+                               position_ids=q_pos.to(dev), attention_mask=masks, logits_to_keep=0).logits[0]
         for b, (tokens, _) in enumerate(drafts):
             self.lengths[b] += width  # every row wrote ``width`` entries; keep_paths cuts them back
         self.pending = starts.tolist()
-        return list(out.logits[0].float().split(real.sum(1).tolist()))
+        return list(logits.float().split(real.sum(1).tolist()))
 
     def masks(self, model, starts, anc, q_pos, end: int):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

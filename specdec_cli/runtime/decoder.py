@@ -97,23 +97,29 @@ class Decoder:
         self.capacity = capacity
 
     @torch.inference_mode()
-    def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask, keep: int | None) -> torch.Tensor:
+    def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask, keep: int | None,
+                real: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[rows, V]`` (float32) for ``ids`` ``[n]`` at ``positions`` ``[n]`` after the cached prefix;
         ``mask``: None (one row, or rows that may see every visible entry) or the cache's 4-D additive mask (a
-        dict per layer type where full and sliding-window layers mix); ``keep``: the last rows to return."""
-        n = ids.shape[0]
+        dict per layer type where full and sliding-window layers mix); ``keep``: the last rows to return.
+
+        Batched (a :class:`~specdec_cli.runtime.batch_cache.BatchCache`, not a wide model): ``ids`` and
+        ``positions`` ``[B, n]``, one row per sequence padded to the widest, the mask ``[B, 1, n, end]``, and
+        ``real`` ``[B, n]`` the positions that hold tokens: their logits alone, in row order (``[sum(real), V]``).
+        Every product runs once over all ``B * n`` positions, attention once per layer over the batch."""
+        ids, positions = (ids, positions) if ids.dim() == 2 else (ids.unsqueeze(0), positions.unsqueeze(0))
         self._rope_tables(int(positions.max()) + 1)
         exact = self.wide and keep != 0  # rows whose logits are read: row-invariant attention (runtime.attend)
         if self.wide:
-            x = F.embedding(ids.unsqueeze(0), self.embed.weight).float() * self.embed_scale
+            x = F.embedding(ids, self.embed.weight).float() * self.embed_scale
         else:
-            x = self.embed.forward(ids.unsqueeze(0))  # Gemma's module scales by sqrt(hidden) itself
+            x = self.embed.forward(ids)  # [B, n, hidden]; Gemma's module scales by sqrt(hidden) itself
         seen = attend.visible(mask) if exact else mask
         if exact and self.fused is not None and keep != 0:
-            rows = {k: (cos[positions].numpy(), sin[positions].numpy()) for k, (cos, sin) in self.tables.items()}
+            rows = {k: (cos[positions[0]].numpy(), sin[positions[0]].numpy()) for k, (cos, sin) in self.tables.items()}
             logits = self.fused.forward(cache, x, rows, seen, keep)
             return torch.tanh(logits / self.softcap) * self.softcap if self.softcap is not None else logits
-        at = (lambda t: t[None, :, None]) if exact else (lambda t: t[None, None])  # [1, n, H, hd] / [1, H, n, hd]
+        at = (lambda t: t[:, :, None]) if exact else (lambda t: t[:, None])  # [1, n, 1, hd] / [B, 1, n, hd]
         rope = {k: (at(cos[positions]), at(sin[positions])) for k, (cos, sin) in self.tables.items()}
         norm, gemma = self.norm, self.kind == "gemma3"
         for i, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers)):
@@ -128,7 +134,9 @@ class Decoder:
                 x = x + a
                 h = norm(x, layer.norms[1])
                 x = x + layer.down(layer.act(layer.gate(h)) * layer.up(h))
-        if keep is not None:
+        if real is not None:
+            x = x[real].unsqueeze(0)  # [1, sum(real), hidden]: the positions whose logits are read, in row order
+        elif keep is not None:
             if keep == 0:
                 return x.new_empty(0, self.vocab, dtype=torch.float32)
             x = x[:, -keep:]
@@ -138,12 +146,12 @@ class Decoder:
         return logits[0].float()
 
     def _attention(self, layer, cache_layer, h, rope, mask, exact: bool) -> torch.Tensor:
-        """One layer's attention output ``[1, n, heads * hd]`` (keys and values appended to the cache): by SDPA, or
+        """One layer's attention output ``[B, n, heads * hd]`` (keys and values appended to the cache): by SDPA, or
         ``exact``ly by :func:`specdec_cli.runtime.attend.attention` (``mask``: then the rows' visible columns)."""
-        n, hd, heads, kv_heads = h.shape[1], self.head_dim, self.heads, self.kv_heads
-        q = layer.q(h).view(1, n, heads, hd)
-        k = layer.k(h).view(1, n, kv_heads, hd)
-        v = layer.v(h).view(1, n, kv_heads, hd)
+        b, n, hd, heads, kv_heads = h.shape[0], h.shape[1], self.head_dim, self.heads, self.kv_heads
+        q = layer.q(h).view(b, n, heads, hd)
+        k = layer.k(h).view(b, n, kv_heads, hd)
+        v = layer.v(h).view(b, n, kv_heads, hd)
         if not exact:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if layer.q_norm is not None:
@@ -158,7 +166,7 @@ class Decoder:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
         else:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        return a.transpose(1, 2).reshape(1, n, heads * hd)
+        return a.transpose(1, 2).reshape(b, n, heads * hd)
 
 
 _DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> Decoder, or None: not used
@@ -212,6 +220,19 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         keep = keep if chain else None
     with kernels.active(), any_order(keep == 0):
         return dec.forward(cache, ids, pos, mask, keep)
+
+
+def run_rows(cache, model, ids: torch.Tensor, positions: torch.Tensor, masks, real: torch.Tensor) -> torch.Tensor | None:
+    """One forward of a batch (:meth:`specdec_cli.runtime.batch_cache.BatchCache.forward`: ``ids``, ``positions``
+    and ``real`` ``[B, n]``, ``masks`` its additive masks) by the lean path: logits ``[sum(real), V]`` of the real
+    positions in row order, or None when ``model`` has no lean path or is wide (its exact attention and compiled
+    layers serve one sequence). The same products, masks and attention as the module code, without its per-call
+    machinery (a forward of ``B`` rows calls each module once, as one sequence's does)."""
+    dec = decoder_for(model)
+    if dec is None or dec.wide:
+        return None
+    with kernels.active():
+        return dec.forward(cache, ids, positions, masks, None, real=real)
 
 
 def takes_every_forward(model) -> bool:

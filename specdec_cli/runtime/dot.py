@@ -15,13 +15,47 @@ import threading
 import numpy as np
 
 from .jit import COMPILED, njit
-from .tiles import F32, dot_tiled
+from .tiles import F32, OUTS, dot_tiled, dot_tiled_span
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def dot_rows(x, w, y):  # pragma: no cover - compiled
     """``y[r, j] = x[r] . w[j]`` (float32 ``x [n, K]``, ``w [N, K]``, ``y [n, N]``, C-contiguous)."""
     dot_tiled(x, w, y, F32, True)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def dot_rows_span(x, w, y, j0, j1):  # pragma: no cover - compiled
+    """:func:`dot_rows` for the outputs ``j0 <= j < j1`` (:func:`specdec_cli.runtime.tiles.dot_tiled_span`)."""
+    dot_tiled_span(x, w, y, F32, True, j0, j1)
+
+
+_HELPERS: list = []  # [the executor, its worker count]: made at the first call that splits
+
+
+def spans(n_out: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` output ranges covering ``[0, n_out)``, cut at multiples of :data:`~specdec_cli.runtime.tiles.OUTS`
+    (so each output gets the tile it gets in one thread: the same bits)."""
+    step = -(-(-(-n_out // parts)) // OUTS) * OUTS
+    return [(j, min(j + step, n_out)) for j in range(0, n_out, step)]
+
+
+def dot_rows_threads(x, w, y, threads: int) -> None:
+    """:func:`dot_rows` over ``threads`` threads, each a span of the outputs (the compiled code releases the
+    GIL). The tiles stream the weights from one core at a time; a second core reads the other half, which is what
+    a batch's forward (8-32 rows and more) needs on a machine of several cores. Same bits as one thread."""
+    parts = spans(w.shape[0], threads)
+    if len(parts) < 2:
+        dot_rows(x, w, y)
+        return
+    if not _HELPERS or _HELPERS[1] < len(parts) - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _HELPERS[:] = [ThreadPoolExecutor(len(parts) - 1, thread_name_prefix="specdec-dot"), len(parts) - 1]
+    others = [_HELPERS[0].submit(dot_rows_span, x, w, y, j0, j1) for j0, j1 in parts[1:]]
+    dot_rows_span(x, w, y, *parts[0])
+    for done in others:
+        done.result()
 
 
 def warm_up() -> threading.Thread | None:

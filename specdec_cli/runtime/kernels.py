@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ..io.atomic import write_cache
 from ..io.jsonl import read_json
-from .dot import dot_rows  # looked up at each call (scripts/profile_step.py wraps it for the profiler)
+from .dot import dot_rows, dot_rows_threads  # looked up at each call (scripts/profile_step.py wraps it for the profiler)
 from .jit import COMPILED
 from .kernels16 import FORMATS, apply16, is_16bit, stored, tune_shape16
 from .machine import available_bytes, cpu_name
@@ -54,7 +54,7 @@ STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
 DOT_ROWS = WIDE  # "dot" is timed for every forward whose rows are compared (prefills are MKL's: compute-bound)
-PLAN_VERSION = 5  # 5: "dot" became the register tiles (faster from 2 rows on): plans measured before are stale
+PLAN_VERSION = 6  # 6: "dot" splits its outputs over torch's threads; 5: "dot" became the register tiles
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3
@@ -85,8 +85,14 @@ def bucket_of(n: int) -> int:
 
 
 def _dot(x2: torch.Tensor, w_np) -> torch.Tensor:
+    """The tiles over torch's thread count (one thread: :func:`dot_rows` itself; more: the outputs split between
+    them, same bits). The plans time it that way, so they pick it only where it is the fastest at that count."""
     y = torch.empty((x2.shape[0], w_np.shape[0]), dtype=torch.float32)
-    dot_rows(x2.detach().numpy(), w_np, y.numpy())
+    threads = torch.get_num_threads()
+    if threads > 1:
+        dot_rows_threads(x2.detach().numpy(), w_np, y.numpy(), threads)
+    else:
+        dot_rows(x2.detach().numpy(), w_np, y.numpy())
     return y
 
 

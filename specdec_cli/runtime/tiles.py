@@ -202,13 +202,20 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         bfloat16/float16 as ``fmt`` says), float32 ``y [n, N]``, all C-contiguous. Outputs in groups of
         :data:`OUTS` (each group's weights stay in L1 while every row pair passes); ``pair``: rows two at a time
         (same bits either way)."""
+        dot_tiled_span(x, w, y, fmt, pair, 0, w.shape[0])
+
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def dot_tiled_span(x, w, y, fmt, pair, j0, j1):  # pragma: no cover - compiled
+        """:func:`dot_tiled` for the outputs ``j0 <= j < j1`` only (``j0`` a multiple of :data:`OUTS`, ``j1`` one
+        too or ``N``: every output is then computed by the tile it gets over all of ``[0, N)``, so threads that
+        split the outputs at such points give the one-thread bits)."""
         n, k_dim = x.shape
         n_out = w.shape[0]
         xa, wa, ya = x.ctypes.data, w.ctypes.data, y.ctypes.data
         item = ITEM_BYTES[fmt]
-        j = 0
-        while j < n_out:
-            outs = OUTS if j + OUTS <= n_out else 1
+        j = j0
+        while j < j1:
+            outs = OUTS if j + OUTS <= j1 else 1
             r = 0
             while r < n:
                 rows = PAIR if pair and r + PAIR <= n else 1
@@ -217,7 +224,11 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
                 r += rows
             j += outs
 else:  # pragma: no cover - numba is a dependency; without it the plans never pick these, imports still work
-    def dot_tiled(x, w, y, fmt, pair):
+    def dot_tiled_span(x, w, y, fmt, pair, j0, j1):
+        w = w[j0:j1]
         if fmt != F32:
             w = (w.astype(np.uint32) << 16).view(np.float32) if fmt == BF16 else w.view(np.float16).astype(np.float32)
-        y[:] = x @ w.T
+        y[:, j0:j1] = x @ w.T
+
+    def dot_tiled(x, w, y, fmt, pair):
+        dot_tiled_span(x, w, y, fmt, pair, 0, w.shape[0])
