@@ -185,6 +185,8 @@ class VllmEngine:
         kwargs.update(self.opts.extra)
         from vllm import LLM
 
+        if os.environ.pop("SPECDEC_SET_OMP_WAIT_POLICY", None):  # ours, not the user's: vLLM's processes as set
+            os.environ.pop("OMP_WAIT_POLICY", None)
         try:
             self.llm = LLM(**kwargs)
         except (Exception, SystemExit) as err:  # noqa: BLE001 - any failure to start is one line
