@@ -109,3 +109,19 @@ def test_tiles_split_over_threads_give_the_one_thread_bits(threads):
         dot_rows(x, w, one)
         dot_rows_threads(x, w, split, threads)
         assert np.array_equal(one, split)
+
+
+def test_openmp_workers_sleep_unless_the_user_chose(tmp_path):
+    """Importing specdec sets OMP_WAIT_POLICY=PASSIVE before torch loads OpenMP (spinning workers took the core the
+    split tiles need), and leaves a value the user set alone."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import specdec_cli, os; print(os.environ['OMP_WAIT_POLICY'], os.environ.get('SPECDEC_SET_OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "SPECDEC_SET_OMP_WAIT_POLICY")}
+    ours = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert ours.stdout.split() == ["PASSIVE", "1"]
+    theirs = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+                            capture_output=True, text=True, check=True)
+    assert theirs.stdout.split() == ["ACTIVE", "None"]

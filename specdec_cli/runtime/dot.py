@@ -10,6 +10,7 @@ number of rows, so a row's result does not depend on the rows computed beside it
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -31,12 +32,15 @@ def dot_rows_span(x, w, y, j0, j1):  # pragma: no cover - compiled
 
 
 _HELPERS: list = []  # [the executor, its worker count]: made at the first call that splits
+if hasattr(os, "register_at_fork"):  # a forked child has the executor object but none of its threads
+    os.register_at_fork(after_in_child=_HELPERS.clear)
 
 
 def spans(n_out: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` output ranges covering ``[0, n_out)``, cut at multiples of :data:`~specdec_cli.runtime.tiles.OUTS`
     (so each output gets the tile it gets in one thread: the same bits)."""
-    step = -(-(-(-n_out // parts)) // OUTS) * OUTS
+    per_part = -(-n_out // parts)  # rounded up
+    step = -(-per_part // OUTS) * OUTS  # and up again to whole tiles
     return [(j, min(j + step, n_out)) for j in range(0, n_out, step)]
 
 
@@ -48,9 +52,11 @@ def dot_rows_threads(x, w, y, threads: int) -> None:
     if len(parts) < 2:
         dot_rows(x, w, y)
         return
-    if not _HELPERS or _HELPERS[1] < len(parts) - 1:
+    if not _HELPERS or _HELPERS[1] < len(parts) - 1:  # the first split, or more threads than before
         from concurrent.futures import ThreadPoolExecutor
 
+        if _HELPERS:
+            _HELPERS[0].shutdown(wait=False)
         _HELPERS[:] = [ThreadPoolExecutor(len(parts) - 1, thread_name_prefix="specdec-dot"), len(parts) - 1]
     others = [_HELPERS[0].submit(dot_rows_span, x, w, y, j0, j1) for j0, j1 in parts[1:]]
     dot_rows_span(x, w, y, *parts[0])
