@@ -28,13 +28,13 @@ DOT = "specdec::dot"  # the numba kernel's calls, marked for the profiler by thi
 
 def mark_dot_kernel(kernels, record_function) -> None:
     """Wrap the numba ``dot`` strategy in a profiler range (it is no aten op, so its time would count as Python)."""
-    plain = kernels.dot_rows
+    plain = kernels._dot
 
-    def marked(x, w, y):
+    def marked(x2, w_np):
         with record_function(DOT):
-            return plain(x, w, y)
+            return plain(x2, w_np)
 
-    kernels.dot_rows = marked
+    kernels._dot = marked
 
 
 def time_lm_head(model, decoder, head_ms: dict) -> None:

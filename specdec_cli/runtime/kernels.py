@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ..io.atomic import write_cache
 from ..io.jsonl import read_json
-from .dot import dot_rows, dot_rows_threads  # looked up at each call (scripts/profile_step.py wraps it for the profiler)
+from .dot import dot_rows_threads
 from .jit import COMPILED
 from .kernels16 import FORMATS, apply16, is_16bit, stored, tune_shape16
 from .machine import available_bytes, cpu_name
@@ -85,14 +85,8 @@ def bucket_of(n: int) -> int:
 
 
 def _dot(x2: torch.Tensor, w_np) -> torch.Tensor:
-    """The tiles over torch's thread count (one thread: :func:`dot_rows` itself; more: the outputs split between
-    them, same bits). The plans time it that way, so they pick it only where it is the fastest at that count."""
-    y = torch.empty((x2.shape[0], w_np.shape[0]), dtype=torch.float32)
-    threads = torch.get_num_threads()
-    if threads > 1:
-        dot_rows_threads(x2.detach().numpy(), w_np, y.numpy(), threads)
-    else:
-        dot_rows(x2.detach().numpy(), w_np, y.numpy())
+    y = torch.empty((x2.shape[0], w_np.shape[0]), dtype=torch.float32)  # outputs split over torch's threads: same bits
+    dot_rows_threads(x2.detach().numpy(), w_np, y.numpy(), torch.get_num_threads())
     return y
 
 
