@@ -46,12 +46,9 @@ class RandomTrees(Drafter):
         return Draft(tokens, parents, scores=[0.5] * len(tokens))
 
 
-@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
-def test_batched_forward_gives_each_row_its_own_tree_logits(make):
-    """Ragged rows (different lengths and draft trees, sliding windows on Gemma3) against one-sequence forwards,
-    over several steps of random path acceptance."""
-    model = make(vocab=VOCAB)
-    rng = random.Random(0)
+def ragged_batch(model, rng: random.Random):
+    """Four random sequences of 3, 9, 1 and 6 tokens, each prefilled alone and loaded into its row of one batch
+    cache: ``(sequences, batch cache, one-sequence caches)``."""
     seqs = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 1, 6)]
     cache, singles = BatchCache(model, len(seqs), 16), []
     for row, seq in enumerate(seqs):
@@ -60,6 +57,16 @@ def test_batched_forward_gives_each_row_its_own_tree_logits(make):
             forward.forward_chain(model, single, seq[:-1], keep=0)
         cache.load_row(row, single, len(seq) - 1)
         singles.append(single)
+    return seqs, cache, singles
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_batched_forward_gives_each_row_its_own_tree_logits(make):
+    """Ragged rows (different lengths and draft trees, sliding windows on Gemma3) against one-sequence forwards,
+    over several steps of random path acceptance."""
+    model = make(vocab=VOCAB)
+    rng = random.Random(0)
+    seqs, cache, singles = ragged_batch(model, rng)
     for _ in range(4):
         trees = [random_tree(rng, rng.randrange(0, 6)) for _ in seqs]
         logits = cache.forward(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
@@ -85,13 +92,8 @@ def batched_steps(model, steps: int = 4, seed: int = 1) -> list[torch.Tensor]:
     """Logits of a few batched steps over ragged rows with random trees and random accepted paths, and at the end
     every layer's keys and values of every row."""
     rng = random.Random(seed)
-    seqs = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 1, 6)]
-    cache, out = BatchCache(model, len(seqs), 16), []
-    for row, seq in enumerate(seqs):
-        single = forward.new_cache(model, 64)
-        if len(seq) > 1:
-            forward.forward_chain(model, single, seq[:-1], keep=0)
-        cache.load_row(row, single, len(seq) - 1)
+    seqs, cache, _ = ragged_batch(model, rng)
+    out = []
     for _ in range(steps):
         trees = [random_tree(rng, rng.randrange(0, 6)) for _ in seqs]
         out += cache.forward(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
