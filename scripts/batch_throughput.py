@@ -7,8 +7,9 @@
 Unlike `specdec bench --batch-size` it runs neither sequential `ar` nor transformers' batched generate (minutes
 each on two cores): per method and batch size, one untimed warm-up (B prompts, 8 tokens: the batch profile is
 measured there), then the timed run over every prompt's first turn, with a fresh set of drafters. It prints tokens
-per second, target forwards and a digest of the outputs, so two checkouts' outputs can be compared (they must
-match: greedy batched rows equal their own `ar` output).
+per second, target forwards (summed over the sequences: a batch's forward counts once per row in it) and a
+digest of the outputs, so two checkouts' outputs can be compared (they must match: greedy batched rows equal
+their own `ar` output). It calls `api.make_drafters(..., count=B)`, the spelling older releases know.
 """
 
 from __future__ import annotations

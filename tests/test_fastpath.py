@@ -135,7 +135,7 @@ def test_compile_resolves_to_one_cache_mode_and_profile_keys_stay(monkeypatch):
     monkeypatch.setattr(profile, "load", lambda key: keys.append(key) or profile.Profile.flat())
     for mode in CacheMode:
         profile.profile_for(model, cache_mode=mode)
-    assert keys == [profile.model_key(model, extra) for extra in ("", "|fast=static|warm=3", "|fast=compiled|warm=3")]
+    assert keys == [profile.model_key(model, extra) for extra in ("", "|fast=static|warm=all", "|fast=compiled|warm=all")]
     assert engine.new_cache(model, 8, CacheMode.STATIC).mode is CacheMode.STATIC
     assert engine.new_cache(model, 8).mode is CacheMode.EAGER
 

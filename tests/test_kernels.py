@@ -113,7 +113,8 @@ def test_tiles_split_over_threads_give_the_one_thread_bits(threads):
 
 def test_openmp_workers_sleep_unless_the_user_chose(tmp_path):
     """Importing specdec sets OMP_WAIT_POLICY=PASSIVE before torch loads OpenMP (spinning workers took the core the
-    split tiles need), and leaves a value the user set alone."""
+    split tiles need); it leaves a value the user set alone, does nothing once torch is loaded, and nothing in the
+    vLLM processes it gave the user's setting back to."""
     import os
     import subprocess
     import sys
@@ -125,3 +126,9 @@ def test_openmp_workers_sleep_unless_the_user_chose(tmp_path):
     theirs = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
                             capture_output=True, text=True, check=True)
     assert theirs.stdout.split() == ["ACTIVE", "None"]
+    late = "import torch, specdec_cli, os; print(os.environ.get('OMP_WAIT_POLICY'))"  # OpenMP already loaded
+    assert subprocess.run([sys.executable, "-c", late], env=env, capture_output=True, text=True,
+                          check=True).stdout.split() == ["None"]
+    given_back = "import specdec_cli, os; print(os.environ.get('OMP_WAIT_POLICY'))"  # a vLLM process spawned by us
+    assert subprocess.run([sys.executable, "-c", given_back], env={**env, "SPECDEC_SET_OMP_WAIT_POLICY": "0"},
+                          capture_output=True, text=True, check=True).stdout.split() == ["None"]

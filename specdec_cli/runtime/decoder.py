@@ -17,8 +17,9 @@ that was a third of SmolLM2-135M's step (30 thin layers). This forward does per 
   ``repeat_kv`` copy): one query row attends every entry its layer shows with no mask; more rows take the cache's
   4-D tree/chain mask.
 
-Only forwards of at most :data:`MAX_ROWS` query rows use it (decoding and verification); a prefill runs the
-model's own forward, where the products dominate. A 16-bit model whose linear layers run the 16-bit kernels
+Only forwards of at most :data:`MAX_ROWS` query rows of one sequence use it (decoding and verification); a prefill
+runs the model's own forward, where the products dominate. A batch's step (:func:`run_rows`) runs here whatever its
+``rows x width``: its products are many rows, but its per-layer calls are as many as one sequence's. A 16-bit model whose linear layers run the 16-bit kernels
 (:mod:`specdec_cli.runtime.kernels16`) is the exception, *wide*: it is the float32 model with 16-bit weights, so
 every forward of it, prefills included, runs here with float32 activations, norms, rotary tables, masks and KV cache
 (the embedding rows and norm weights widened exactly). The numbers are the module code's: on SmolLM2-135M and
@@ -108,6 +109,7 @@ class Decoder:
         ``real`` ``[B, n]`` the positions that hold tokens: their logits alone, in row order (``[sum(real), V]``).
         Every product runs once over all ``B * n`` positions, attention once per layer over the batch."""
         ids, positions = (ids, positions) if ids.dim() == 2 else (ids.unsqueeze(0), positions.unsqueeze(0))
+        assert ids.shape == positions.shape and (ids.shape[0] == 1 or not self.wide), "wide models: one sequence"
         self._rope_tables(int(positions.max()) + 1)
         exact = self.wide and keep != 0  # rows whose logits are read: row-invariant attention (runtime.attend)
         if self.wide:

@@ -32,6 +32,7 @@ def dot_rows_span(x, w, y, j0, j1):  # pragma: no cover - compiled
 
 
 _HELPERS: list = []  # [the executor, its worker count]: made at the first call that splits
+_MAKING = threading.Lock()
 if hasattr(os, "register_at_fork"):  # a forked child has the executor object but none of its threads
     os.register_at_fork(after_in_child=_HELPERS.clear)
 
@@ -39,6 +40,8 @@ if hasattr(os, "register_at_fork"):  # a forked child has the executor object bu
 def spans(n_out: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` output ranges covering ``[0, n_out)``, cut at multiples of :data:`~specdec_cli.runtime.tiles.OUTS`
     (so each output gets the tile it gets in one thread: the same bits)."""
+    if n_out <= 0:
+        return [(0, n_out)]
     per_part = -(-n_out // parts)  # rounded up
     step = -(-per_part // OUTS) * OUTS  # and up again to whole tiles
     return [(j, min(j + step, n_out)) for j in range(0, n_out, step)]
@@ -52,13 +55,15 @@ def dot_rows_threads(x, w, y, threads: int) -> None:
     if len(parts) < 2:
         dot_rows(x, w, y)
         return
-    if not _HELPERS or _HELPERS[1] < len(parts) - 1:  # the first split, or more threads than before
-        from concurrent.futures import ThreadPoolExecutor
+    with _MAKING:  # forwards from several Python threads must not replace the executor under one another
+        if not _HELPERS or _HELPERS[1] < len(parts) - 1:  # the first split, or more threads than before
+            from concurrent.futures import ThreadPoolExecutor
 
-        if _HELPERS:
-            _HELPERS[0].shutdown(wait=False)
-        _HELPERS[:] = [ThreadPoolExecutor(len(parts) - 1, thread_name_prefix="specdec-dot"), len(parts) - 1]
-    others = [_HELPERS[0].submit(dot_rows_span, x, w, y, j0, j1) for j0, j1 in parts[1:]]
+            if _HELPERS:
+                _HELPERS[0].shutdown(wait=False)
+            _HELPERS[:] = [ThreadPoolExecutor(len(parts) - 1, thread_name_prefix="specdec-dot"), len(parts) - 1]
+        executor = _HELPERS[0]
+    others = [executor.submit(dot_rows_span, x, w, y, j0, j1) for j0, j1 in parts[1:]]
     dot_rows_span(x, w, y, *parts[0])
     for done in others:
         done.result()
@@ -71,7 +76,9 @@ def warm_up() -> threading.Thread | None:
         return None
 
     def first_call():
-        dot_rows(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32))
+        x, w, y = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32)
+        dot_rows(x, w, y)
+        dot_rows_span(x, w, y, 0, 1)  # the split's kernel too (the first step of a run of several threads)
 
     thread = threading.Thread(target=first_call, name="specdec-dot-warm-up", daemon=True)
     thread.start()

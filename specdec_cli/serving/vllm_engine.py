@@ -185,8 +185,9 @@ class VllmEngine:
         kwargs.update(self.opts.extra)
         from vllm import LLM
 
-        if os.environ.pop("SPECDEC_SET_OMP_WAIT_POLICY", None):  # ours, not the user's: vLLM's processes as set
+        if os.environ.get("SPECDEC_SET_OMP_WAIT_POLICY") == "1":  # ours, not the user's: vLLM's processes as set
             os.environ.pop("OMP_WAIT_POLICY", None)
+            os.environ["SPECDEC_SET_OMP_WAIT_POLICY"] = "0"  # and not set again where they import specdec
         try:
             self.llm = LLM(**kwargs)
         except (Exception, SystemExit) as err:  # noqa: BLE001 - any failure to start is one line
