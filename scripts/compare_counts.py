@@ -23,6 +23,10 @@ def counts(path: str) -> dict[str, list[tuple]]:
             for result in record.get("results", []):
                 rows = by_method.setdefault(result["method"], [])
                 rows += [(p["prompt_id"], p["turn"], *(p[k] for k in KEYS)) for p in result["per_prompt"]]
+            for result in record.get("rows", []):  # a throughput record (--batch-size): per method and size
+                if "per_prompt" in result:
+                    rows = by_method.setdefault(f"{result['method']} B={result['batch_size']}", [])
+                    rows += [(p["prompt"], *(p[k] for k in KEYS)) for p in result["per_prompt"]]
     return by_method
 
 

@@ -14,8 +14,11 @@ from specdec_cli.engine.batch import BatchShare, generate_batch
 from specdec_cli.engine.loop import Draft, Drafter, generate
 from specdec_cli.engine.sampling import SamplingConfig
 from specdec_cli.runtime import forward
-from specdec_cli.runtime.batch_cache import BatchCache, batch_mask
-from specdec_cli.runtime.masks import tree_mask
+from specdec_cli.runtime.batch_cache import BatchCache
+from specdec_cli.runtime import static_cache
+from specdec_cli.runtime.cache import KVCache
+from specdec_cli.runtime.cache_mode import CacheMode
+from specdec_cli.runtime.masks import batch_mask, tree_mask
 from specdec_cli.runtime.positions import ancestor_matrix, depths
 
 from conftest import CHAT_PROMPTS, tiny_gemma3, tiny_llama
@@ -70,7 +73,7 @@ def test_batched_forward_gives_each_row_its_own_tree_logits(make):
     seqs, cache, singles = ragged_batch(model, rng)
     for _ in range(4):
         trees = [random_tree(rng, rng.randrange(0, 6)) for _ in seqs]
-        logits = cache.forward(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
+        logits = cache.forward_rows(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
         keep = []
         for row, (seq, (tokens, parents)) in enumerate(zip(seqs, trees)):
             expected = forward.forward_tree(model, singles[row], seq[-1], tokens, parents)
@@ -83,7 +86,7 @@ def test_batched_forward_gives_each_row_its_own_tree_logits(make):
         assert cache.lengths == [len(s) - 1 for s in seqs]
     order = cache.drop_rows([0, 2])  # finished rows leave; the last live row moves into the first hole
     assert order == [3, 1] and cache.lengths == [len(seqs[3]) - 1, len(seqs[1]) - 1]
-    logits = cache.forward(model, [([seqs[3][-1]], []), ([seqs[1][-1]], [])])
+    logits = cache.forward_rows(model, [([seqs[3][-1]], []), ([seqs[1][-1]], [])])
     for row, old in enumerate(order):
         torch.testing.assert_close(logits[row], forward.forward_tree(model, singles[old], seqs[old][-1], [], []),
                                    atol=1e-4, rtol=1e-4)
@@ -97,7 +100,7 @@ def batched_steps(model, steps: int = 4, seed: int = 1) -> list[torch.Tensor]:
     out = []
     for _ in range(steps):
         trees = [random_tree(rng, rng.randrange(0, 6)) for _ in seqs]
-        out += cache.forward(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
+        out += cache.forward_rows(model, [([s[-1], *t], p) for s, (t, p) in zip(seqs, trees)])
         keep = []
         for seq, (tokens, parents) in zip(seqs, trees):
             path = path_to(parents, rng.randrange(len(parents))) if parents else []
@@ -162,6 +165,25 @@ def test_every_sequence_of_a_batch_is_its_own_ar_output(make, temperature):
             results = generate_batch(model, prompts, [make_drafter() for _ in range(size)], max_new_tokens=20,
                                      sampling=sampling, seed=3, stop_ids={15})
             assert [r.tokens for r in results] == expected
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_a_batch_of_one_takes_the_drafters_static_path(make, monkeypatch):
+    """One cache interface (issue 34): a one-row batch decodes in the single loop's cache of the drafters' engine
+    path -- the static cache here -- through the same forward_rows/keep_paths calls; outputs stay ar's."""
+    model = make(vocab=VOCAB)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (7, 3, 11)]
+    expected = [generate(model, p, Drafter(), max_new_tokens=16).tokens for p in prompts]
+    made = []
+    real = static_cache.cache_for
+    monkeypatch.setattr(static_cache, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    drafter = RandomTrees()
+    drafter.cache_mode = CacheMode.STATIC
+    results = generate_batch(model, prompts, [drafter], max_new_tokens=16)
+    assert [r.tokens for r in results] == expected
+    assert len(made) == 1 and made[0].mode is CacheMode.STATIC and isinstance(made[0], KVCache)
+    assert isinstance(BatchCache(model, 2, 8), KVCache)  # many rows: the same interface
 
 
 def test_a_sampled_chain_does_not_depend_on_its_neighbours():

@@ -136,7 +136,7 @@ def timed_ours(method: str, target, drafts, ids, size: int, cfg, reference, open
     from .runners import datastore_for
 
     settings = replace(cfg.settings, batch_size=size)
-    drafters = api.make_drafters(method, target, drafts, settings, check=False,
+    drafters = api.make_drafters(method, target, drafts, settings, check=False, compile=cfg.compile,
                                  datastore=datastore_for(method, cfg.datastore), options=cfg.options, opened=opened)
     api.run_batch(target, ids[:size], drafters, settings, max_new_tokens=WARMUP_TOKENS)  # warm-up (+ timing)
     steps = []
@@ -146,8 +146,17 @@ def timed_ours(method: str, target, drafts, ids, size: int, cfg, reference, open
     seconds = time.perf_counter() - t0
     for drafter in reversed(drafters):
         drafter.finish()
-    return row(method, size, [r.tokens for r in results], seconds, [r.extra["latency_s"] for r in results],
-               len(steps), reference if cfg.greedy else None, peak_mib())
+    out = row(method, size, [r.tokens for r in results], seconds, [r.extra["latency_s"] for r in results],
+              len(steps), reference if cfg.greedy else None, peak_mib())
+    out["per_prompt"] = [counts(i, r.steps) for i, r in enumerate(results)]
+    return out
+
+
+def counts(index: int, steps) -> dict:
+    """A sequence's counts, as a sequential record's ``per_prompt`` entry holds them (scripts/compare_counts.py):
+    its forwards (each a row of a batched one), emitted, drafted and accepted tokens."""
+    return {"prompt": index, "forwards": len(steps), "emitted": sum(s.new_tokens for s in steps),
+            "drafted": sum(s.drafted for s in steps), "accepted": sum(s.accepted for s in steps)}
 
 
 def timed_vllm(label: str, engine, ids, size, cfg, reference) -> dict:

@@ -2,11 +2,13 @@
 one target forward per step (continuous batching).
 
 Each sequence keeps its own drafter (one per slot), its own draft tree and its own acceptance; one
-:class:`~specdec_cli.runtime.batch_cache.BatchCache` holds every row's keys and values at its own length. A step:
+:class:`~specdec_cli.runtime.batch_cache.BatchCache` holds every row's keys and values at its own length (a batch
+of one row decodes in the single loop's one-sequence cache instead, static and compiled included: both are a
+:class:`~specdec_cli.runtime.cache.KVCache`, asked the same things). A step:
 
     drafts = [slot.drafter.propose(...) for each row]        # each row's budget prices draft tokens with its
     width  = choose_width(...)                                #  share of the whole batch's forward time
-    logits = cache.forward(target, drafts)                    # one forward, per-row positions and masks
+    logits = cache.forward_rows(target, drafts)               # one forward, per-row positions and masks
     verify each row; cache.keep_paths(paths); finished rows take the next waiting prompt
 
 Prices: a row's budget sees ``t(B * n) / B`` for a forward of ``n`` tokens per row -- the measured time of one
@@ -27,7 +29,9 @@ from typing import Callable
 import torch
 
 from ..runtime import forward
-from ..runtime.batch_cache import BatchCache, RowView
+from ..runtime.batch_cache import BatchCache
+from ..runtime.cache import KVCache
+from ..runtime.cache_mode import CacheMode
 from .drafter import Drafter, GenerationResult, vocab_size
 from .sampling import Draws, SamplingConfig
 from .sequence import CACHE_SLACK, Sequence
@@ -73,15 +77,12 @@ def flat_times(profile):
     return lambda rows, width: profile(rows * width)
 
 
-def _admit(target, cache: BatchCache, row: int, index: int, prompt: list[int], drafter: Drafter, share: BatchShare,
+def _admit(target, cache, row: int, index: int, prompt: list[int], drafter: Drafter, share: BatchShare,
            sampling: SamplingConfig, seed: int) -> Sequence:
-    """Prefill ``prompt`` on its own (one-sequence cache) and move it into row ``row``."""
+    """Prefill ``prompt`` (all but its last token, the first step's root) into row ``row`` of ``cache``."""
     t0 = time.perf_counter()
-    single = forward.new_cache(target, len(prompt) + CACHE_SLACK)
-    if len(prompt) > 1:
-        forward.forward_chain(target, single, prompt[:-1], keep=0)
-    cache.load_row(row, single, len(prompt) - 1)
-    seq = Sequence(index, list(prompt), drafter, RowView(cache, row), torch.Generator().manual_seed(seed),
+    cache.prefill_row(target, row, prompt[:-1])
+    seq = Sequence(index, list(prompt), drafter, cache.row_view(row), torch.Generator().manual_seed(seed),
                    Draws(seed), t0, tokens=list(prompt))
     drafter.budget.profile = share  # the row's price of a forward: its share of the batch's
     seq.begin(sampling)
@@ -134,7 +135,7 @@ def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids,
     width_limit = 1 + max(WIDEST_PAPER_DRAFT, max((d.budget.mode.limit or 0 for d in drafters), default=0))
     capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + CACHE_SLACK
     rows = min(len(drafters), len(prompts))
-    cache = BatchCache(target, rows, capacity)
+    cache = new_batch_cache(target, rows, capacity, drafters[0].cache_mode or CacheMode.EAGER)
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab = vocab_size(target)
@@ -153,12 +154,12 @@ def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids,
             break
         share.rows = len(live) if sampling.greedy else len(drafters)  # sampled: prices never depend on the others
         for seq in live:
-            seq.propose(max_new_tokens, vocab, share)
+            seq.propose(max_new_tokens, vocab, share, cache.max_draft_nodes)  # a static cache: one bucket
         width = choose_width(live, times)
         for seq in live:
             seq.cut(width, share(width))
         t0 = time.perf_counter()
-        logits = cache.forward(target, [([s.tokens[-1], *s.draft.tokens], s.draft.parents) for s in live])
+        logits = cache.forward_rows(target, [([s.tokens[-1], *s.draft.tokens], s.draft.parents) for s in live])
         verify_s = time.perf_counter() - t0
         times.observe(len(live), width, verify_s)
         keep = [s.settle(lg, sampling, stop_ids, max_new_tokens, verify_s)[0] for s, lg in zip(live, logits)]
@@ -176,7 +177,15 @@ def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids,
     return results
 
 
-def _compact(cache: BatchCache, slots: list) -> None:
+def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode) -> KVCache:
+    """The cache of a batch: one row is the one-sequence cache of the drafters' engine path (growing, or static and
+    compiled: the path the single loop takes), several are a :class:`BatchCache` -- the loop asks either the same."""
+    if rows == 1:
+        return forward.new_cache(target, capacity, cache_mode)
+    return BatchCache(target, rows, capacity)
+
+
+def _compact(cache, slots: list) -> None:
     """Drop the rows of finished sequences (no prompt waits for them)."""
     order = cache.drop_rows([r for r, s in enumerate(slots) if s is None])
     slots[:] = [slots[r] for r in order]

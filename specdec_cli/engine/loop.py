@@ -5,8 +5,10 @@ A drafter (cf. transformers' ``CandidateGenerator``, :mod:`specdec_cli.engine.dr
 method and both loops (this one, and :mod:`specdec_cli.engine.batch` for many sequences) run the same step:
 
     draft  = seq.propose(...)                           # drafter.propose, priced and cut by the budget
-    logits = forward_tree(target, cache, root, draft)   # one target pass, [1 + n, V]
-    rows, emitted = seq.settle(logits, ...)             # exact acceptance; keep(cache, rows); drafter.accept
+    logits = cache.forward_rows(target, [(root + draft.tokens, draft.parents)])  # one target pass, [1 + n, V]
+    rows, emitted = seq.settle(logits, ...)             # exact acceptance; cache.keep_paths([rows]); drafter.accept
+
+Both loops ask their cache the same things (:mod:`specdec_cli.runtime.cache`): a one-sequence cache is one row.
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int
     same, compiled: CUDA graphs on a GPU) -- :mod:`specdec_cli.runtime.cache_mode`. The output is the same."""
     t_start = time.perf_counter()
     cache = forward.new_cache(target, len(prompt) + max_new_tokens + CACHE_SLACK, cache_mode)
-    if len(prompt) > 1:
-        forward.forward_chain(target, cache, list(prompt[:-1]), keep=0)
+    cache.prefill_row(target, 0, list(prompt[:-1]))
     seq = Sequence(0, list(prompt), drafter, cache, torch.Generator().manual_seed(seed), Draws(seed), t_start,
                    tokens=list(prompt))
     seq.begin(sampling)
@@ -47,10 +48,9 @@ def generate(target, prompt: list[int], drafter: Drafter, *, max_new_tokens: int
     while not seq.done(max_new_tokens):
         draft = seq.propose(max_new_tokens, vocab, share, cache.max_draft_nodes)  # a static cache: one bucket
         t1 = time.perf_counter()
-        prefix_len = len(seq.tokens) - 1
-        logits = forward.forward_tree(target, cache, seq.tokens[-1], draft.tokens, draft.parents)  # [1 + n, V]
+        logits, = cache.forward_rows(target, [([seq.tokens[-1], *draft.tokens], draft.parents)])  # [1 + n, V]
         _, emitted = seq.settle(logits, sampling, stop_ids, max_new_tokens, time.perf_counter() - t1,
-                                keep=lambda rows: forward.keep(cache, prefix_len, rows))
+                                keep=lambda rows: cache.keep_paths([rows]))
         if on_tokens and emitted:
             on_tokens(emitted)
     return seq.result(time.perf_counter())

@@ -4,7 +4,7 @@ Row ``b`` of every layer's buffer (``[rows, heads, capacity, dim]``) holds seque
 rows' lengths differ (ragged batches). A batched forward feeds ``S`` query positions per row -- the root and that
 row's draft tree, padded to the widest row -- and each row's new entries are written at *its own* length
 (``positions[b] = length[b] + 0..S-1``), so nothing is ever shifted or re-padded. Attention reads the columns
-``[0, max length + S)`` of every row; :func:`batch_mask` shows each query the columns of its own prefix and its own
+``[0, max length + S)`` of every row; :func:`~specdec_cli.runtime.masks.batch_mask` shows each query the columns of its own prefix and its own
 tree ancestors (and, in sliding-window layers, only those within the window), so the stale or padding entries
 beyond a row's length are never seen. Buffers start zeroed: a masked entry is always a finite number.
 
@@ -13,8 +13,10 @@ Rows come and go (:meth:`BatchCache.load_row` copies a prompt's prefill from a o
 and an accepted tree path is kept per row with one indexed copy per layer for the whole batch
 (:meth:`BatchCache.keep_paths`).
 
-:class:`RowView` shows one row as a one-sequence cache, for the drafters that read the target's cache (draft
-models that are copies of the target).
+:class:`BatchCache` is a :class:`~specdec_cli.runtime.cache.KVCache`: the loops ask it what they ask a one-sequence
+cache (``forward_rows``, ``keep_paths``, ``prefill_row``, ``drop_rows``, ``row_view``). A row's
+:class:`~specdec_cli.runtime.cache.RowView` (for the drafters that read the target's cache: draft models that are
+copies of the target) reads it through :meth:`BatchLayer.row`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import DynamicLayer
 
-from . import decoder, kernels
+from . import decoder, forward as engine_forward, kernels
+from .cache import MIN_CAPACITY, KVCache, RowView
 from .cache_mode import CacheMode
-from .masks import layer_windows
+from .masks import batch_mask, layer_windows
 from .positions import ancestor_matrix, depths
+
+PREFILL_SLACK = 9  # a prompt's own cache, as the loops size one: the root (the prompt's last token) and 8 draft nodes
 
 
 class BatchLayer(DynamicLayer):
@@ -68,6 +73,15 @@ class BatchLayer(DynamicLayer):
                 new[:, :, : old.shape[2]] = old
                 setattr(self, name, new)
 
+    def row(self, b: int, length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Row ``b``'s first ``length`` keys and values, ``[1, heads, length, dim]`` views (None before any write)."""
+        if self._k is None:
+            return None, None
+        return self._k[b: b + 1, :, :length], self._v[b: b + 1, :, :length]
+
+    def nbytes(self) -> int:
+        return 0 if self._k is None else 2 * self._k.numel() * self._k.element_size()
+
     def move_rows(self, moves: list[tuple[int, int, int]], rows: int) -> None:
         """Copy row ``src`` into row ``dst`` (its first ``length`` entries) for each move, then keep the first
         ``rows`` rows (a view: no copy)."""
@@ -88,8 +102,9 @@ class BatchLayer(DynamicLayer):
         return -1
 
 
-class BatchCache(Cache):
-    """KV cache of ``rows`` sequences (see the module doc). ``lengths[b]``: entries row ``b`` holds."""
+class BatchCache(KVCache):
+    """KV cache of ``rows`` sequences (see the module doc). ``lengths[b]``: entries row ``b`` holds. Its
+    one-sequence operations (``forward`` of a chain, ``crop_to``) serve a cache of one row only."""
 
     mode = CacheMode.EAGER
 
@@ -106,7 +121,7 @@ class BatchCache(Cache):
         return max(self.lengths, default=0)
 
     def nbytes(self) -> int:
-        return sum(2 * layer._k.numel() * layer._k.element_size() for layer in self.layers if layer._k is not None)
+        return sum(layer.nbytes() for layer in self.layers)
 
     def reserve(self, needed: int) -> None:
         if needed > self.capacity:
@@ -115,7 +130,7 @@ class BatchCache(Cache):
     # -- rows come and go ----------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def load_row(self, row: int, src: Cache, length: int) -> None:
+    def load_row(self, row: int, src: KVCache, length: int) -> None:
         """Row ``row`` becomes the first ``length`` entries of the one-sequence cache ``src`` (a prompt's prefill)."""
         self.reserve(length + 1)
         for dst, layer in zip(self.layers, src.layers):
@@ -128,6 +143,17 @@ class BatchCache(Cache):
             dst._k[row, :, :length] = keys
             dst._v[row, :, :length] = values
         self.lengths[row] = length
+
+    def prefill_row(self, model, row: int, tokens: list[int]) -> None:
+        """Prefill ``tokens`` on their own (a one-sequence cache: one forward of the whole prompt) and move them
+        into row ``row``."""
+        single = engine_forward.new_cache(model, len(tokens) + PREFILL_SLACK)
+        if tokens:
+            engine_forward.forward_chain(model, single, list(tokens), keep=0)
+        self.load_row(row, single, len(tokens))
+
+    def row_view(self, row: int) -> RowView:
+        return RowView(self, row)
 
     @torch.inference_mode()
     def drop_rows(self, free: list[int]) -> list[int]:
@@ -151,10 +177,25 @@ class BatchCache(Cache):
 
     # -- a step ----------------------------------------------------------------------------------------------------
 
+    def forward(self, model, tokens: list[int], parents: list[int] | None = None,
+                keep: int | None = None) -> torch.Tensor:
+        """A one-sequence forward (a cache of one row): :meth:`forward_rows` of that row."""
+        if self.rows != 1:
+            raise ValueError(f"a one-sequence forward on a cache of {self.rows} rows")
+        logits = self.forward_rows(model, [(list(tokens), list(parents) if parents is not None
+                                            else list(range(-1, len(tokens) - 2)))])[0]
+        return logits if keep is None else logits[len(logits) - keep:]
+
+    def crop_to(self, length: int) -> None:
+        if self.rows != 1:
+            raise ValueError(f"a one-sequence crop on a cache of {self.rows} rows")
+        self.lengths[0] = min(self.lengths[0], length)
+
+    def companion_capacity(self) -> int:
+        return MIN_CAPACITY
+
     @torch.inference_mode()
-    def forward(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-        """One forward over every row: ``drafts[b] = (tokens, parents)`` -- the root followed by row ``b``'s draft
-        tree (``parents`` for the draft nodes). Returns float32 logits ``[len(tokens), V]`` per row."""
+    def forward_rows(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
         if len(drafts) != self.rows:
             raise ValueError(f"a batched forward takes one draft per row: {len(drafts)} for {self.rows} rows")
         width = max(len(tokens) for tokens, _ in drafts)
@@ -209,59 +250,6 @@ class BatchCache(Cache):
                 continue
             for buf in (layer._k, layer._v):
                 buf[b, :, dst] = buf[b, :, src]
-
-
-def batch_mask(starts: torch.Tensor, anc: torch.Tensor, q_pos: torch.Tensor, end: int, window: int | None,
-               dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask ``[rows, 1, width, end]``: query ``i`` of row ``b`` sees column ``c`` when ``c`` is in the
-    row's prefix (``c < starts[b]``) or holds one of its tree ancestors (itself included); with a ``window``, only
-    keys less than ``window`` positions before it. Same rule as :func:`specdec_cli.runtime.masks.tree_mask`."""
-    rows, width, _ = anc.shape
-    columns = torch.arange(end)
-    rel = columns[None, :] - starts[:, None]  # [rows, end]: the query row a column holds, when in [0, width)
-    in_tree = (rel >= 0) & (rel < width)
-    at = rel.clamp(0, width - 1)
-    visible = (rel < 0)[:, None, :] | (torch.gather(anc, 2, at[:, None, :].expand(rows, width, end))
-                                       & in_tree[:, None, :])
-    if window:
-        k_pos = torch.where(in_tree, torch.gather(q_pos, 1, at), columns[None, :])
-        visible = visible & ((q_pos[:, :, None] - k_pos[:, None, :]) < window)
-    return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
-
-
-class RowView:
-    """Row ``row`` of a :class:`BatchCache` as a one-sequence cache (``length``, ``layers[i].keys``/``values``,
-    ``mode``, ``companion_capacity``): what a draft model that copies the target's states reads."""
-
-    mode = CacheMode.EAGER
-
-    def __init__(self, cache: BatchCache, row: int):
-        self.cache, self.row = cache, row
-        self.layers = [_RowLayer(self, layer) for layer in cache.layers]
-
-    @property
-    def length(self) -> int:
-        return self.cache.lengths[self.row] if self.row < self.cache.rows else 0
-
-    def companion_capacity(self) -> int:
-        from .kvcache import MIN_CAPACITY
-
-        return MIN_CAPACITY
-
-
-class _RowLayer:
-    def __init__(self, view: RowView, layer: BatchLayer):
-        self.view, self.layer = view, layer
-
-    @property
-    def keys(self):
-        k = self.layer._k
-        return None if k is None else k[self.view.row: self.view.row + 1, :, : self.view.length]
-
-    @property
-    def values(self):
-        v = self.layer._v
-        return None if v is None else v[self.view.row: self.view.row + 1, :, : self.view.length]
 
 
 @contextmanager

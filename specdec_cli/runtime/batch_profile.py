@@ -76,7 +76,7 @@ def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
         draft = (ctx[context: context + width], list(range(-1, width - 2)))
         sync()
         t0 = time.perf_counter()
-        cache.forward(model, [draft] * rows)
+        cache.forward_rows(model, [draft] * rows)
         sync()
         spent = time.perf_counter() - t0
         cache.keep_paths([[]] * rows)  # back to the context

@@ -225,7 +225,7 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
 
 
 def run_rows(cache, model, ids: torch.Tensor, positions: torch.Tensor, masks, real: torch.Tensor) -> torch.Tensor | None:
-    """One forward of a batch (:meth:`specdec_cli.runtime.batch_cache.BatchCache.forward`: ``ids``, ``positions``
+    """One forward of a batch (:meth:`specdec_cli.runtime.batch_cache.BatchCache.forward_rows`: ``ids``, ``positions``
     and ``real`` ``[B, n]``, ``masks`` its additive masks) by the lean path: logits ``[sum(real), V]`` of the real
     positions in row order, or None when ``model`` has no lean path or is wide (its exact attention and compiled
     layers serve one sequence). The same products, masks and attention as the module code, without its per-call

@@ -25,7 +25,7 @@ import torch
 from . import kvcache
 from . import static_cache
 from .cache_mode import CacheMode
-from .kvcache import KVCache
+from .cache import KVCache
 
 
 def new_cache(model=None, capacity: int = kvcache.MIN_CAPACITY, cache_mode: CacheMode = CacheMode.EAGER,

@@ -16,12 +16,10 @@ It is a ``DynamicLayer`` subclass plugged into transformers' own ``Cache`` conta
 
 Sliding-window layers keep every entry too (only the *view* is windowed), so any rollback is exact.
 
-It is also where the engine's cache interface lives, :class:`KVCache`: what :mod:`specdec_cli.runtime.forward`, the
-decoding loop and draft models ask of a cache -- ``forward`` (feed a chain or a tree: new rows appended, mask and
-positions built by the cache), ``length``, ``crop_to``, ``keep_tree_rows``, ``copy_prefix``, ``mode`` and the sizes a
-companion cache needs. Two implementations: :class:`GrowingCache` here (eager) and
-:class:`specdec_cli.runtime.static_cache.StaticCache` (bucketed, optionally compiled). Their layers share row
-moves and copies through :class:`RowsLayer`; both build tree masks with :func:`specdec_cli.runtime.masks.tree_mask`.
+The engine's cache interface is :class:`specdec_cli.runtime.cache.KVCache`. Its one-sequence implementations are
+:class:`GrowingCache` here (eager) and :class:`specdec_cli.runtime.static_cache.StaticCache` (bucketed, optionally
+compiled); :class:`specdec_cli.runtime.batch_cache.BatchCache` holds many rows. The one-sequence layers share row moves
+and copies through :class:`RowsLayer`; both build tree masks with :func:`specdec_cli.runtime.masks.tree_mask`.
 """
 
 from __future__ import annotations
@@ -30,65 +28,15 @@ import inspect
 from functools import lru_cache
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import DynamicLayer
 
 from . import decoder, kernels
+from .cache import MIN_CAPACITY, KVCache
 from .cache_mode import CacheMode
 from .masks import layer_masks, layer_windows, masks_to, tree_mask
 from .positions import ancestor_matrix, depths, is_chain
 
-MIN_CAPACITY = 256
 NO_ROWS = torch.empty(0, dtype=torch.long)
-
-
-class KVCache(Cache):
-    """The engine's KV cache: a transformers ``Cache`` that also knows how to run a forward over it and roll back.
-
-    ``tokens`` fed to :meth:`forward` follow the cached prefix; ``parents`` (None: a chain) makes them a draft tree
-    whose node ``i`` sees the prefix and its ancestors. Rollback keeps the first ``length`` entries
-    (:meth:`crop_to`) or a tree path's rows (:meth:`keep_tree_rows`)."""
-
-    mode: CacheMode
-    max_draft_nodes: int | None = None  # the most draft nodes one forward takes (None: no limit)
-
-    @property
-    def length(self) -> int:
-        return self.get_seq_length()
-
-    def forward(self, model, tokens: list[int], parents: list[int] | None = None,
-                keep: int | None = None) -> torch.Tensor:
-        """Feed ``tokens``; float32 logits of the last ``keep`` rows (None: all, 0: none; a tree returns all)."""
-        raise NotImplementedError
-
-    def companion_capacity(self) -> int:
-        """The capacity to ask for a cache of another model on the same path (a draft model's)."""
-        raise NotImplementedError
-
-    def crop_to(self, length: int) -> None:
-        """Roll back to the first ``length`` entries (transformers v5: ``crop(-n)`` removes ``n``)."""
-        excess = self.length - length
-        if excess > 0:
-            self.crop(-excess)
-
-    def keep_tree_rows(self, prefix_len: int, rows: list[int]) -> None:
-        """Keep entries ``[:prefix_len]`` plus ``prefix_len + r`` for each ``r`` in ``rows`` (ascending)."""
-        if rows == list(range(len(rows))):
-            self.crop_to(prefix_len + len(rows))
-            return
-        for layer in self.layers:
-            layer.keep_rows(prefix_len, rows)
-
-    def copy_prefix(self, src: Cache, start: int, end: int, dtype: torch.dtype | None = None) -> bool:
-        """Copy entries ``[start, end)`` of every layer of ``src`` (a cache of a model with the same layers, e.g. a
-        quantized copy) into this cache; returns False, copying nothing, when the layers do not match."""
-        if len(src.layers) != len(self.layers) or not all(hasattr(d, "copy_from") for d in self.layers):
-            return False
-        for d, s in zip(self.layers, src.layers):
-            if s.keys is None or s.keys.shape[-2] < end or not d.can_take(s.keys, end):
-                return False
-        for d, s in zip(self.layers, src.layers):
-            d.copy_from(s, start, end, dtype)
-        return True
 
 
 class RowsLayer:

@@ -54,3 +54,21 @@ def layer_windows(config) -> list[int | None]:
     if not types or not window:
         return [None] * int(n or 0)
     return [window if t == "sliding_attention" else None for t in types]
+
+
+def batch_mask(starts: torch.Tensor, anc: torch.Tensor, q_pos: torch.Tensor, end: int, window: int | None,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``[rows, 1, width, end]``: query ``i`` of row ``b`` sees column ``c`` when ``c`` is in the
+    row's prefix (``c < starts[b]``) or holds one of its tree ancestors (itself included); with a ``window``, only
+    keys less than ``window`` positions before it. Same rule as :func:`specdec_cli.runtime.masks.tree_mask`."""
+    rows, width, _ = anc.shape
+    columns = torch.arange(end)
+    rel = columns[None, :] - starts[:, None]  # [rows, end]: the query row a column holds, when in [0, width)
+    in_tree = (rel >= 0) & (rel < width)
+    at = rel.clamp(0, width - 1)
+    visible = (rel < 0)[:, None, :] | (torch.gather(anc, 2, at[:, None, :].expand(rows, width, end))
+                                       & in_tree[:, None, :])
+    if window:
+        k_pos = torch.where(in_tree, torch.gather(q_pos, 1, at), columns[None, :])
+        visible = visible & ((q_pos[:, :, None] - k_pos[:, None, :]) < window)
+    return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]

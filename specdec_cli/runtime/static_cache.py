@@ -29,7 +29,8 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from .cache_mode import CacheMode
-from .kvcache import KVCache, RowsLayer
+from .cache import KVCache
+from .kvcache import RowsLayer
 from .masks import layer_masks, layer_windows, tree_mask
 from .positions import ancestor_matrix, depths
 
