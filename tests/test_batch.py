@@ -180,9 +180,11 @@ def test_a_batch_of_one_takes_the_drafters_static_path(make, monkeypatch):
     monkeypatch.setattr(static_cache, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     drafter = RandomTrees()
     drafter.cache_mode = CacheMode.STATIC
-    results = generate_batch(model, prompts, [drafter], max_new_tokens=16)
-    assert [r.tokens for r in results] == expected
-    assert len(made) == 1 and made[0].mode is CacheMode.STATIC and isinstance(made[0], KVCache)
+    for _ in range(2):  # the static cache is kept for reuse: the second batch (and the single loop) get it again
+        results = generate_batch(model, prompts, [drafter], max_new_tokens=16)
+        assert [r.tokens for r in results] == expected
+    assert generate(model, prompts[0], drafter, max_new_tokens=16, cache_mode=CacheMode.STATIC).tokens == expected[0]
+    assert len(made) == 3 and made[0].mode is CacheMode.STATIC and isinstance(made[0], KVCache)
     assert isinstance(BatchCache(model, 2, 8), KVCache)  # many rows: the same interface
 
 

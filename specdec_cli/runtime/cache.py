@@ -100,7 +100,7 @@ class KVCache(Cache):
 
     def prefill_row(self, model, row: int, tokens: list[int]) -> None:
         """Row ``row`` becomes the cache of ``tokens`` (a prompt without its last token, the first step's root)."""
-        if row != 0 or self.rows != 1:
+        if row != 0:
             raise ValueError(f"row {row} of a one-sequence cache")
         self.crop_to(0)
         if tokens:

@@ -132,6 +132,8 @@ class StaticCache(KVCache):
         return self.forward_tree(tokens[0], tokens[1:], parents)
 
     def reset(self) -> None:
+        """Emptied for the next generation: no entries, its one row back (a batch of one dropped it)."""
+        self.rows = 1
         for layer in self.layers:
             layer.reset()
 
