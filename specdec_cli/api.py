@@ -170,11 +170,11 @@ def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Draf
     """Every prompt, up to ``len(drafters)`` decoding together (:mod:`specdec_cli.engine.batch`): one target forward
     per step for the whole batch. ``on_result(index, result)`` as each prompt finishes; results in input order."""
     settings = with_values(settings, values)
-    times = None
-    if drafters and drafters[0].budget.mode.adaptive and len(drafters) > 1:  # priced with measured batch forwards
-        from .runtime.batch_profile import batch_times_for
+    times, rows = None, min(len(drafters), len(prompts))
+    if drafters and drafters[0].budget.mode.adaptive and rows > 1:  # priced with measured batch forwards (one row
+        from .runtime.batch_profile import batch_times_for  # decodes in its one-sequence cache: its own profile)
 
-        times = batch_times_for(target.model, min(len(drafters), len(prompts)), progress=note)
+        times = batch_times_for(target.model, rows, progress=note)
     return generate_batch(target.model, prompts, drafters, max_new_tokens=settings.max_new_tokens,
                           sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids,
                           on_result=on_result, on_step=on_step, times=times)

@@ -188,6 +188,27 @@ def test_a_batch_of_one_takes_the_drafters_static_path(make, monkeypatch):
     assert isinstance(BatchCache(model, 2, 8), KVCache)  # many rows: the same interface
 
 
+def test_a_draft_copy_of_the_target_reads_a_batch_of_ones_static_cache():
+    """sd with a draft model that is a copy of the target, one slot on the static path: the draft reads the target's
+    keys and values from the one-sequence cache itself (row_view of row 0); every drafted token is accepted and
+    every output is ar's, over several prompts through the same kept cache."""
+    from specdec_cli.io.models import LoadedModel
+    from specdec_cli.methods.sd import SpeculativeSampling
+
+    target = tiny_llama(vocab=VOCAB, seed=0)
+    loaded = LoadedModel(tiny_llama(vocab=VOCAB, seed=0), None, "tiny-draft", False, info={"copy_of_target": True})
+    rng = random.Random(8)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (12, 5, 20)]
+    expected = [generate(target, p, Drafter(), max_new_tokens=24).tokens for p in prompts]
+    drafter = SpeculativeSampling(loaded, VOCAB, 4)
+    drafter.cache_mode = CacheMode.STATIC
+    results = generate_batch(target, prompts, [drafter], max_new_tokens=24)
+    assert [r.tokens for r in results] == expected
+    assert isinstance(drafter.dm.cache, static_cache.StaticCache)
+    drafted = sum(s.drafted for r in results for s in r.steps)
+    assert drafted > 0 and sum(s.accepted for r in results for s in r.steps) == drafted
+
+
 def test_a_sampled_chain_does_not_depend_on_its_neighbours():
     """sd with temperature: rejection sampling consumes randomness as the row's own budget decides; prices are the
     fixed batch size's, so prompt 0's output is the same whoever shares the batch with it."""

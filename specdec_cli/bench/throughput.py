@@ -86,8 +86,9 @@ def row(method: str, batch: int | str, outputs: list[list[int]], seconds: float,
             "peak_rss_mib": peak}
 
 
-def sequential_ar(target, ids: list[list[int]], settings, greedy: bool) -> tuple[dict, list[list[int]]]:
-    drafter = api.make_drafter("ar", target, [], settings)
+def sequential_ar(target, ids: list[list[int]], settings, greedy: bool, compile: str = "auto"
+                  ) -> tuple[dict, list[list[int]]]:
+    drafter = api.make_drafter("ar", target, [], settings, compile=compile)  # the path a batch of one row takes
     api.run(target, ids[0], drafter, settings, max_new_tokens=WARMUP_TOKENS)
     reset_peak()
     t0 = time.perf_counter()
@@ -209,7 +210,7 @@ def throughput(cfg, target, drafts, prompts, sizes: BatchSizes, opened: dict | N
     sizes = list(sizes.fitted(len(ids)))
     engines = start_vllm_engines(cfg, target, max(sizes), max(sizes) * (max(map(len, ids)) + cfg.settings.max_new_tokens + 33))
     try:
-        first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy)
+        first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy, cfg.compile)
         rows = [first]
         log(f"ar sequential: {first['tokens_per_s']:.1f} tok/s")
         for size in sizes:

@@ -94,7 +94,7 @@ def on_specdec(model: str, method: str, prompts: list[str], settings, options: d
     meta = {"model": model, "method": method, "drafts": drafts}
     if settings.batch_size > 1:  # several prompts (check_prompts leaves at most one slot per prompt)
         drafters = api.make_drafters(method, target, draft_models, settings, datastore=stores, options=options,
-                                     opened=opened, check=False)
+                                     compile=compile, opened=opened, check=False)
         return answer_batch(api, target, encoded, drafters, settings, {**meta, "batch_size": settings.batch_size},
                             as_json)
     drafter = api.make_drafter(method, target, draft_models, settings, datastore=stores, options=options,

@@ -31,7 +31,7 @@ import torch
 from ..runtime import forward
 from ..runtime.batch_cache import BatchCache
 from ..runtime.cache import KVCache
-from ..runtime.cache_mode import CacheMode
+from ..runtime.cache_mode import CacheMode, resolve
 from .drafter import Drafter, GenerationResult, vocab_size
 from .sampling import Draws, SamplingConfig
 from .sequence import CACHE_SLACK, Sequence
@@ -135,7 +135,8 @@ def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids,
     width_limit = 1 + max(WIDEST_PAPER_DRAFT, max((d.budget.mode.limit or 0 for d in drafters), default=0))
     capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + CACHE_SLACK
     rows = min(len(drafters), len(prompts))
-    cache = new_batch_cache(target, rows, capacity, drafters[0].cache_mode or CacheMode.EAGER)
+    chosen = drafters[0].cache_mode  # None: a drafter made outside api.make_drafter, "auto" as api.run reads it
+    cache = new_batch_cache(target, rows, capacity, resolve("auto" if chosen is None else chosen, target))
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab = vocab_size(target)

@@ -102,9 +102,15 @@ class BatchLayer(DynamicLayer):
         return -1
 
 
+def one_sequence_only(name: str) -> NotImplementedError:
+    return NotImplementedError(f"BatchCache.{name}: a one-sequence operation; a cache of many rows takes "
+                               "forward_rows, keep_paths, prefill_row, drop_rows and row_view (a row as one sequence)")
+
+
 class BatchCache(KVCache):
-    """KV cache of ``rows`` sequences (see the module doc). ``lengths[b]``: entries row ``b`` holds. Its
-    one-sequence operations (``forward`` of a chain, ``crop_to``) serve a cache of one row only."""
+    """KV cache of ``rows`` sequences (see the module doc). ``lengths[b]``: entries row ``b`` holds. It takes the
+    interface's row-shaped methods; its one-sequence operations raise (a row is read as one sequence through
+    :meth:`row_view`, and a batch of one row decodes in a one-sequence cache instead)."""
 
     mode = CacheMode.EAGER
 
@@ -177,25 +183,24 @@ class BatchCache(KVCache):
 
     # -- a step ----------------------------------------------------------------------------------------------------
 
-    def forward(self, model, tokens: list[int], parents: list[int] | None = None,
-                keep: int | None = None) -> torch.Tensor:
-        """A one-sequence forward (a cache of one row): :meth:`forward_rows` of that row."""
-        if self.rows != 1:
-            raise ValueError(f"a one-sequence forward on a cache of {self.rows} rows")
-        logits = self.forward_rows(model, [(list(tokens), list(parents) if parents is not None
-                                            else list(range(-1, len(tokens) - 2)))])[0]
-        return logits if keep is None else logits[len(logits) - keep:]
+    def forward(self, model, tokens, parents=None, keep=None):
+        raise one_sequence_only("forward")
 
     def crop_to(self, length: int) -> None:
-        if self.rows != 1:
-            raise ValueError(f"a one-sequence crop on a cache of {self.rows} rows")
-        self.lengths[0] = min(self.lengths[0], length)
+        raise one_sequence_only("crop_to")
+
+    def keep_tree_rows(self, prefix_len: int, rows: list[int]) -> None:
+        raise one_sequence_only("keep_tree_rows")
+
+    def copy_prefix(self, src, start: int, end: int, dtype=None) -> bool:
+        raise one_sequence_only("copy_prefix")
 
     def companion_capacity(self) -> int:
         return MIN_CAPACITY
 
     @torch.inference_mode()
     def forward_rows(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """One forward over every row, each at its own length (module doc); logits ``[len(tokens), V]`` per row."""
         if len(drafts) != self.rows:
             raise ValueError(f"a batched forward takes one draft per row: {len(drafts)} for {self.rows} rows")
         width = max(len(tokens) for tokens, _ in drafts)
@@ -237,7 +242,7 @@ class BatchCache(KVCache):
 
     @torch.inference_mode()
     def keep_paths(self, paths: list[list[int]]) -> None:
-        """After :meth:`forward`: row ``b`` keeps its prefix plus its query rows ``paths[b]`` (ascending; 0 is the
+        """After :meth:`forward_rows`: row ``b`` keeps its prefix plus its query rows ``paths[b]`` (ascending; 0 is the
         root), moved down to follow the prefix -- one indexed copy per layer for the whole batch."""
         moved = [(b, start + i, start + r) for b, (start, rows) in enumerate(zip(self.pending, paths))
                  for i, r in enumerate(rows) if r != i]

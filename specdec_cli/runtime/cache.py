@@ -10,7 +10,8 @@ Every loop and every draft model asks a cache the same things, and never its cla
 * **reading** one row as a one-sequence cache (``length``, ``layers[i].keys``/``values``, ``mode``,
   ``companion_capacity``): :meth:`KVCache.row_view`, what a draft model that copies the target's states reads.
 * the **one-sequence** operations underneath (``forward`` of a chain or a tree, ``crop_to``, ``keep_tree_rows``,
-  ``copy_prefix``), which prefills and draft models use.
+  ``copy_prefix``), which prefills and draft models use; a cache of many rows raises on them (its rows are read
+  one at a time through ``row_view``).
 
 Implementations: :class:`~specdec_cli.runtime.kvcache.GrowingCache` (eager) and
 :class:`~specdec_cli.runtime.static_cache.StaticCache` (bucketed, optionally compiled) hold one sequence;
@@ -95,13 +96,17 @@ class KVCache(Cache):
     def keep_paths(self, paths: list[list[int]]) -> None:
         """After :meth:`forward_rows`: row ``b`` keeps its prefix plus its query rows ``paths[b]`` (ascending; 0
         is the root), moved down to follow the prefix."""
+        if self.pending is None:
+            raise ValueError("keep_paths without a forward_rows before it")
         (rows,), (prefix_len,) = paths, self.pending
+        self.pending = None
         self.keep_tree_rows(prefix_len, rows)
 
     def prefill_row(self, model, row: int, tokens: list[int]) -> None:
         """Row ``row`` becomes the cache of ``tokens`` (a prompt without its last token, the first step's root)."""
         if row != 0:
             raise ValueError(f"row {row} of a one-sequence cache")
+        self.rows = 1  # its one row, live again (after drop_rows)
         self.crop_to(0)
         if tokens:
             self.forward(model, list(tokens), keep=0)

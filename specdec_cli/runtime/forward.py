@@ -7,7 +7,7 @@ Conventions (gpt-fast style, explicit positions):
   and for every draft node.
 * A draft is a tree given by ``parents`` (``-1`` = the root, otherwise the index of an earlier node). A chain is
   the tree ``parents = [-1, 0, 1, ...]``.
-* The cache runs the forward (:class:`specdec_cli.runtime.kvcache.KVCache`): the growing cache sends chains
+* The cache runs the forward (:class:`specdec_cli.runtime.cache.KVCache`): the growing cache sends chains
   through the model's own causal (and sliding-window) masks and trees with a 4-D attention mask (a dict per layer
   type for models that mix full and sliding-window layers) and explicit position ids; the static cache pads the
   query to a bucket and builds the masks inside its (compiled) forward. No model code is forked.

@@ -16,8 +16,8 @@ running them. The cure (gpt-fast) is to make every step's shapes static and repl
   ``mode="reduce-overhead"`` on CUDA: CUDA graphs, whose memory is reserved once, at capture).
 * The prefill runs eager, in chunks (its length varies; its cost is one pass).
 
-:class:`StaticCache` is one of the two implementations of the engine's cache interface
-(:class:`specdec_cli.runtime.kvcache.KVCache`); :mod:`specdec_cli.runtime.forward` calls it as it calls the growing
+:class:`StaticCache` is one of the two one-sequence implementations of the engine's cache interface
+(:class:`specdec_cli.runtime.cache.KVCache`); :mod:`specdec_cli.runtime.forward` calls it as it calls the growing
 cache, so every method runs on it and stays lossless. Row moves and copies are shared with the growing cache
 (``kvcache.RowsLayer``), and so is the mask (:func:`specdec_cli.runtime.masks.tree_mask`).
 """
