@@ -9,6 +9,7 @@ difference.
 from __future__ import annotations
 
 import glob
+import os
 import json
 import sys
 
@@ -34,6 +35,10 @@ def main(before: str, after: str) -> int:
     failed = 0
     for path in sorted(glob.glob(before + "*.jsonl")):
         twin = after + path[len(before):]
+        if not os.path.exists(twin):
+            print(f"{path[len(before):]:28} MISSING: {twin}")
+            failed += 1
+            continue
         old, new = counts(path), counts(twin)
         for method in sorted(set(old) | set(new)):
             a, b = old.get(method, []), new.get(method, [])
