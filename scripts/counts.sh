@@ -12,14 +12,14 @@
 # the measured table's only); a greedy B=4 step's common width also reads this run's learned forward times (the
 # wall clock), so "batch-paper ... B=4" can differ between two runs of the same code on a busy machine. Sets of 2 prompts (4 for the batches, so that four rows fill),
 # 32 new tokens. RUNS="paper auto-t08 ..." picks some of the five (default: all; the greedy "auto" run cannot
-# be compared, it is there to show that outputs stay identical to ar's).
+# be compared, it is there to show that outputs stay identical to ar's), SETS="humaneval ..." some of the sets.
 set -euo pipefail
 ds=$1; out=$2
 runs=${RUNS:-paper auto auto-t08 batch-paper batch-auto-t08}
 methods=ar,sd,self-verify,hsddw,rest,aded,ngram-trie,pld,auto
 common=(--model smollm2-135m -n 32 --threads 1 --draft int8: --draft bf16: --methods "$methods"
   --datastore "rest=$ds-sa" --datastore "aded=$ds-tri" --datastore "auto=$ds-sa" --datastore "auto=$ds-tri")
-for set in humaneval mt-bench long-edit; do
+for set in ${SETS:-humaneval mt-bench long-edit}; do
   one=(--limit 2 --no-warmup --prompts "$set")
   many=(--limit 4 --prompts "$set" --batch-size 1,4)
   for run in $runs; do
