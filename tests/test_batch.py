@@ -185,7 +185,12 @@ def test_a_batch_of_one_takes_the_drafters_static_path(make, monkeypatch):
         assert [r.tokens for r in results] == expected
     assert generate(model, prompts[0], drafter, max_new_tokens=16, cache_mode=CacheMode.STATIC).tokens == expected[0]
     assert len(made) == 3 and made[0].mode is CacheMode.STATIC and isinstance(made[0], KVCache)
-    assert isinstance(BatchCache(model, 2, 8), KVCache)  # many rows: the same interface
+    many = BatchCache(model, 2, 8)
+    assert isinstance(many, KVCache) and many.row_view(1).length == 0  # many rows: the same interface
+    for one_sequence_only in (lambda: many.crop_to(0), lambda: many.forward(model, [1]),
+                              lambda: many.keep_tree_rows(0, [0])):
+        with pytest.raises(NotImplementedError, match="row_view"):
+            one_sequence_only()
 
 
 def test_a_draft_copy_of_the_target_reads_a_batch_of_ones_static_cache():
