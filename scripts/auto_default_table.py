@@ -5,35 +5,63 @@ then the geometric means over the sets.
 
     python scripts/auto_default_table.py OUT_PREFIX      (e.g. docs/results/auto-default-after-tiles/cpu-smollm2-135m)
 """
-import json
+
+from __future__ import annotations
+
 import math
 import sys
+from pathlib import Path
 
-pre = sys.argv[1]
-sets = ["humaneval", "long-edit", "rag", "mt-bench"]
-singles = ["pld", "ngram-trie", "rest", "aded", "sd"]
-geo = {}
-print("| set | auto, every source (acc. len) | best single method | auto / best | auto, no flags (acc. len) | transformers | accepted/verified by source (g = gated steps) | identical to ar |")
-print("|---|---|---|---|---|---|---|---|")
-for s in sets:
-    try:
-        full = [json.loads(l) for l in open(f"{pre}-{s}.jsonl")][-1]
-        bare = [json.loads(l) for l in open(f"{pre}-{s}-bare.jsonl")][-1]
-    except FileNotFoundError:
-        continue
-    R = {r["method"]: r for r in full["results"]}
-    B = {r["method"]: r for r in bare["results"]}
-    best = max(singles, key=lambda m: R[m]["speedup"] if m in R else 0)
-    a = R["auto"]
-    for m in ["auto"] + singles:
-        geo.setdefault(m, []).append(R[m]["speedup"])
-    geo.setdefault("bare", []).append(B["auto"]["speedup"])
-    hf = " ".join(f"{m} {R[m]['speedup']:.2f}" for m in ("hf", "hf-pld") if m in R)
-    src = ", ".join(f"{n} {v['accepted']}/{v['verified']}" + (f" g{v['gated_steps']}" if v.get("gated_steps") else "")
-                    for n, v in (a.get("sources") or {}).items())
-    ident = all(r.get("lossless", True) for r in full["results"]) and all(r.get("lossless", True) for r in bare["results"])
-    print(f"| {s} | **{a['speedup']:.2f}** ({a['mean_accepted_length']:.2f}) | {best} {R[best]['speedup']:.2f} ({R[best]['mean_accepted_length']:.2f}) | {a['speedup']/R[best]['speedup']:.2f} | {B['auto']['speedup']:.2f} ({B['auto']['mean_accepted_length']:.2f}) | {hf} | {src} | {'yes' if ident else 'NO'} |")
-g = {m: math.exp(sum(map(math.log, v)) / len(v)) for m, v in geo.items()}
-bs = max(singles, key=lambda m: g[m])
-print()
-print(f"geometric means over {len(geo['auto'])} sets: auto {g['auto']:.2f}, auto no flags {g['bare']:.2f}; singles " + ", ".join(f"{m} {g[m]:.2f}" for m in singles) + f"; auto / best single ({bs}) = {g['auto']/g[bs]:.2f}")
+from auto_unseen_table import last_record
+
+SETS = ("humaneval", "long-edit", "rag", "mt-bench")
+SINGLES = ("pld", "ngram-trie", "rest", "aded", "sd")
+HF = ("hf", "hf-pld")
+HEADER = ("| set | auto, every source (acc. len) | best single method | auto / best | auto, no flags (acc. len) | "
+          "transformers | accepted/verified by source (g = gated steps) | identical to ar |\n"
+          "|---|---|---|---|---|---|---|---|")
+
+
+def sources_text(sources: dict | None) -> str:
+    return ", ".join(f"{name} {row['accepted']}/{row['verified']}"
+                     + (f" g{row['gated_steps']}" if row.get("gated_steps") else "")
+                     for name, row in (sources or {}).items())
+
+
+def set_row(name: str, full: dict, bare: dict, speeds: dict[str, list[float]]) -> str:
+    """The table's line for one set; appends each method's speedup to ``speeds`` (``bare``: auto with no flags)."""
+    res = {r["method"]: r for r in full["results"]}
+    plain = {r["method"]: r for r in bare["results"]}["auto"]
+    best = max(SINGLES, key=lambda m: res[m]["speedup"] if m in res else 0)
+    auto = res["auto"]
+    for method in ("auto", *SINGLES):
+        speeds.setdefault(method, []).append(res[method]["speedup"])
+    speeds.setdefault("bare", []).append(plain["speedup"])
+    hf = " ".join(f"{m} {res[m]['speedup']:.2f}" for m in HF if m in res)
+    same = all(r.get("lossless", True) for r in full["results"] + bare["results"])
+    return (f"| {name} | **{auto['speedup']:.2f}** ({auto['mean_accepted_length']:.2f}) | {best} "
+            f"{res[best]['speedup']:.2f} ({res[best]['mean_accepted_length']:.2f}) | "
+            f"{auto['speedup'] / res[best]['speedup']:.2f} | "
+            f"{plain['speedup']:.2f} ({plain['mean_accepted_length']:.2f}) | {hf} | {sources_text(auto.get('sources'))} | "
+            f"{'yes' if same else 'NO'} |")
+
+
+def main(prefix: str) -> None:
+    print(HEADER)
+    speeds: dict[str, list[float]] = {}
+    for name in SETS:
+        full, bare = last_record(Path(f"{prefix}-{name}.jsonl")), last_record(Path(f"{prefix}-{name}-bare.jsonl"))
+        if full and bare:
+            print(set_row(name, full, bare, speeds))
+    if not speeds:
+        return
+    geo = {m: math.exp(sum(map(math.log, v)) / len(v)) for m, v in speeds.items()}
+    best = max(SINGLES, key=lambda m: geo[m])
+    print()
+    print(f"geometric means over {len(speeds['auto'])} sets: auto {geo['auto']:.2f}, auto no flags {geo['bare']:.2f}; "
+          "singles " + ", ".join(f"{m} {geo[m]:.2f}" for m in SINGLES)
+          + f"; auto / best single ({best}) = {geo['auto'] / geo[best]:.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

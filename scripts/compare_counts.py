@@ -9,8 +9,8 @@ difference.
 from __future__ import annotations
 
 import glob
-import os
 import json
+import os
 import sys
 
 KEYS = ("forwards", "emitted", "drafted", "accepted")

@@ -10,9 +10,10 @@
 # with four rows): greedy --budget paper ("batch-paper") and sampled --budget auto ("batch-auto-t08"), whose
 # per-sequence counts the throughput record keeps. Reproducible there: B=1 of both, and B=4 sampled (its prices are
 # the measured table's only); a greedy B=4 step's common width also reads this run's learned forward times (the
-# wall clock), so "batch-paper ... B=4" can differ between two runs of the same code on a busy machine. Sets of 2 prompts (4 for the batches, so that four rows fill),
-# 32 new tokens. RUNS="paper auto-t08 ..." picks some of the five (default: all; the greedy "auto" run cannot
-# be compared, it is there to show that outputs stay identical to ar's), SETS="humaneval ..." some of the sets.
+# wall clock), so "batch-paper ... B=4" can differ between two runs of the same code on a busy machine.
+# Sets of 2 prompts (4 for the batches, so that four rows fill), 32 new tokens. RUNS="paper auto-t08 ..." picks some
+# of the five (default: all; the greedy "auto" run cannot be compared, it is there to show that outputs stay
+# identical to ar's), SETS="humaneval ..." some of the sets.
 set -euo pipefail
 ds=$1; out=$2
 runs=${RUNS:-paper auto auto-t08 batch-paper batch-auto-t08}

@@ -22,12 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from replay_bench import WARMUP_TOKENS, load_outputs  # noqa: E402
 from specdec_cli.bench import replay as R  # noqa: E402
 from specdec_cli.runtime.profile import Profile  # noqa: E402
 
 SETS = ["humaneval", "mt-bench", "rag", "long-edit", "wide", "wide-heldout"]
+OUTPUTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "ar-outputs"  # scripts/ar_outputs.py's files
 UNLIMITED = "100000"  # auto's max_nodes: every node its sources propose (its default keeps 64)
-WARMUP_TOKENS = 8  # bench's warm-up generation
 
 
 def speeds(data: dict, profile: Profile, method: str, budget: str, options: dict) -> tuple[float, float]:
@@ -50,14 +51,10 @@ def main() -> None:
     parser.add_argument("sets", nargs="*", default=SETS)
     parser.add_argument("--profile", default=None)
     args = parser.parse_args()
-    import gzip
-
     print("| set | auto | auto's ceiling | share | pld | pld's ceiling | share | ceilings auto / pld |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.sets:
-        path = Path(__file__).resolve().parents[1] / f"docs/results/ar-outputs/ar-{args.model}-{name}.json.gz"
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load_outputs(OUTPUTS / f"ar-{args.model}-{name}.json.gz")
         times = json.loads(Path(args.profile).read_text()) if args.profile else data["profile"]
         profile = Profile(times["points"], times["seconds"])
         ar = speeds(data, profile, "ar", "paper", {})[0]

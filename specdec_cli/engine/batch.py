@@ -30,11 +30,11 @@ import torch
 
 from ..runtime import forward
 from ..runtime.batch_cache import BatchCache
-from ..runtime.cache import KVCache
+from ..runtime.cache import CACHE_SLACK, KVCache
 from ..runtime.cache_mode import CacheMode, resolve
 from .drafter import Drafter, GenerationResult, vocab_size
 from .sampling import Draws, SamplingConfig
-from .sequence import CACHE_SLACK, Sequence
+from .sequence import Sequence
 
 WIDEST_PAPER_DRAFT = 64  # REST's top-64 tree, the largest fixed draft a method verifies (--budget paper); the
 #                          cache is sized for it up front and grows past it when a node-limit budget asks more

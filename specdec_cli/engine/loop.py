@@ -19,11 +19,12 @@ from typing import Callable
 import torch
 
 from ..runtime import forward
+from ..runtime.cache import CACHE_SLACK
 from ..runtime.cache_mode import CacheMode
 from .drafter import (Draft, Drafter, GenerationResult, Outcome, StepStats, cut_at_stop, fit_draft,  # noqa: F401
                       vocab_size)  # the drafter interface, re-exported: methods import it from the loop they run in
 from .sampling import Draws, SamplingConfig
-from .sequence import CACHE_SLACK, Sequence
+from .sequence import Sequence
 
 __all__ = ["Draft", "Outcome", "Drafter", "StepStats", "GenerationResult", "generate", "cut_at_stop"]
 

@@ -27,11 +27,6 @@ from .sampling import Draws, SamplingConfig
 from .verify import verify_rejection, verify_tree
 
 
-# cache rows beyond the prompt and the output: the last step's root and a few draft nodes past the end (a growing
-# cache grows further when a tree needs it; a static cache caps drafts to its bucket instead: max_draft_nodes)
-CACHE_SLACK = 8
-
-
 def hopeless(budget, share) -> bool:
     """Whether even a draft token sure to be accepted costs more than it yields: one more query position (priced
     at ``share(n)``, the sequence's share of a forward of ``n`` positions per row) is worth more time than a token at

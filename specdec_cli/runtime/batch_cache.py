@@ -4,9 +4,9 @@ Row ``b`` of every layer's buffer (``[rows, heads, capacity, dim]``) holds seque
 rows' lengths differ (ragged batches). A batched forward feeds ``S`` query positions per row -- the root and that
 row's draft tree, padded to the widest row -- and each row's new entries are written at *its own* length
 (``positions[b] = length[b] + 0..S-1``), so nothing is ever shifted or re-padded. Attention reads the columns
-``[0, max length + S)`` of every row; :func:`~specdec_cli.runtime.masks.batch_mask` shows each query the columns of its own prefix and its own
-tree ancestors (and, in sliding-window layers, only those within the window), so the stale or padding entries
-beyond a row's length are never seen. Buffers start zeroed: a masked entry is always a finite number.
+``[0, max length + S)`` of every row; :func:`~specdec_cli.runtime.masks.batch_mask` shows each query the columns of
+its own prefix and its own tree ancestors (and, in sliding-window layers, only those within the window), so the
+stale or padding entries beyond a row's length are never seen. Buffers start zeroed: a masked entry is always a finite number.
 
 Rows come and go (:meth:`BatchCache.load_row` copies a prompt's prefill from a one-sequence cache into a free row;
 :meth:`BatchCache.drop_rows` drops finished rows when no prompt is waiting: the last rows move into the holes),
@@ -27,12 +27,10 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from . import decoder, forward as engine_forward, kernels
-from .cache import MIN_CAPACITY, KVCache, RowView
+from .cache import CACHE_SLACK, MIN_CAPACITY, KVCache, RowView
 from .cache_mode import CacheMode
 from .masks import batch_mask, layer_windows
 from .positions import ancestor_matrix, depths
-
-PREFILL_SLACK = 9  # a prompt's own cache, as the loops size one: the root (the prompt's last token) and 8 draft nodes
 
 
 class BatchLayer(DynamicLayer):
@@ -153,9 +151,8 @@ class BatchCache(KVCache):
     def prefill_row(self, model, row: int, tokens: list[int]) -> None:
         """Prefill ``tokens`` on their own (a one-sequence cache: one forward of the whole prompt) and move them
         into row ``row``."""
-        single = engine_forward.new_cache(model, len(tokens) + PREFILL_SLACK)
-        if tokens:
-            engine_forward.forward_chain(model, single, list(tokens), keep=0)
+        single = engine_forward.new_cache(model, len(tokens) + 1 + CACHE_SLACK)  # + the root, as the loops size one
+        single.prefill_row(model, 0, tokens)
         self.load_row(row, single, len(tokens))
 
     def row_view(self, row: int) -> RowView:

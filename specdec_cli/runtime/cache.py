@@ -26,6 +26,9 @@ from transformers.cache_utils import Cache
 from .cache_mode import CacheMode
 
 MIN_CAPACITY = 256  # entries a one-sequence cache starts with (it doubles when full): a chat prompt and its answer
+# cache rows beyond the prompt and the output: the last step's root and a few draft nodes past the end (a growing
+# cache grows further when a tree needs it; a static cache caps drafts to its bucket instead: max_draft_nodes)
+CACHE_SLACK = 8
 
 
 class KVCache(Cache):
