@@ -181,3 +181,33 @@ def test_lean_forward_equals_the_module_forward_on_gpu(make):
     stock = [engine.forward_chain(model, stock_cache, [6]), engine.forward_tree(model, stock_cache, 4, tokens[1:], parents)]
     for a, b in zip(lean, stock):
         assert torch.allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_a_batch_of_one_takes_the_compiled_path_on_gpu(make, monkeypatch):
+    """Issue 34: a one-row batch decodes in the single loop's compiled static cache (one CUDA graph per bucket),
+    through the same forward_rows/keep_paths calls; random trees of 0-6 nodes (buckets 1-8) give ar's tokens."""
+    from test_batch import RandomTrees
+    from specdec_cli.engine.batch import generate_batch
+    from specdec_cli.engine.loop import Drafter, generate
+    from specdec_cli.runtime import static_cache
+
+    model = on_gpu(make(vocab=16))
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [3, 1, 4, 1, 5]]
+    expected = [generate(model, p, Drafter(), max_new_tokens=16).tokens for p in prompts]
+    made = []
+    real = static_cache.cache_for
+    monkeypatch.setattr(static_cache, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    drafter = RandomTrees()
+    drafter.cache_mode = CacheMode.COMPILED
+    results = generate_batch(model, prompts, [drafter], max_new_tokens=16)
+    assert [r.tokens for r in results] == expected
+    assert any(s.drafted for r in results for s in r.steps)
+    assert made and all(c.mode is CacheMode.COMPILED for c in made)
+
+
+def test_a_batch_of_one_on_smollm2_gpu_is_compiled_and_lossless(gpu_smollm2, gpu_cases):
+    """`generate --batch-size 1` on CUDA: compile auto resolves to the compiled path in the batch loop too."""
+    drafters = api.make_drafters("auto", gpu_smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), batch_size=1)
+    results = api.run_batch(gpu_smollm2, [ids for ids, _ in gpu_cases], drafters, max_new_tokens=NEW_TOKENS)
+    assert [r.tokens for r in results] == [ar for _, ar in gpu_cases]

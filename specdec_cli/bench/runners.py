@@ -10,6 +10,8 @@ from ..errors import SpecdecError
 from ..methods import check_options
 from ..engine.loop import cut_at_stop  # noqa: F401 - throughput imports it from here
 from ..io.prompts import Prompt, load_prompts
+from ..runtime import static_cache
+from ..runtime.cache_mode import CacheMode, resolve
 from ..runtime.machine import set_threads
 from .baselines import OUTSIDE_BASELINES, baseline_runner
 from .config import WARMUP_TOKENS, BenchConfig, Generation, Runner
@@ -109,8 +111,12 @@ def rotated(methods: list[str], index: int) -> list[str]:
     return methods[k:] + methods[:k]
 
 
-def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_tokens: int) -> None:
-    """One short untimed generation per method on the first prompt's first turn."""
+def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_tokens: int,
+            cache_mode: CacheMode = CacheMode.EAGER, drafts=()) -> None:
+    """One short untimed generation per method on the first prompt's first turn. On a compiled path every bucket
+    of the target and of each draft model is compiled first, so no timed step compiles one."""
+    for model in [target.model, *(d.model for d in drafts)]:
+        static_cache.warm(model, cache_mode)
     n = min(WARMUP_TOKENS, max_new_tokens)
     ids = encode_turn(target, prompts[0], 0, [], max_new_tokens)  # checked against the run's -n, not the warm-up's
     for runner in runners.values():
@@ -161,7 +167,8 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
     try:
         runners = {m: make_runner(m, target, drafts, cfg, opened, engines) for m in methods}
         if cfg.warmup:
-            warm_up(target, prompts, runners, cfg.settings.max_new_tokens)
+            warm_up(target, prompts, runners, cfg.settings.max_new_tokens, resolve(cfg.settings.compile, target.model),
+                    drafts)
         generations = run_units(target, cfg, prompts, methods, runners, checkpoint)
         for runner in runners.values():
             if hasattr(runner, "drafter"):

@@ -27,11 +27,11 @@ import torch
 from ..io.atomic import write_cache
 from ..io.jsonl import read_json
 from .cache_mode import CacheMode
+from .static_cache import WARM_CALLS
 
 POINTS = (1, 2, 3, 4, 6, 8, 16, 32)
 CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
 PROFILE_VERSION = 2
-WARM_CALLS = 3  # calls per bucket before timing on a compiled path: compile, CUDA-graph warm-up, recording
 
 
 @dataclass
