@@ -167,7 +167,7 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
     try:
         runners = {m: make_runner(m, target, drafts, cfg, opened, engines) for m in methods}
         if cfg.warmup:
-            warm_up(target, prompts, runners, cfg.settings.max_new_tokens, resolve(cfg.settings.compile, target.model),
+            warm_up(target, prompts, runners, cfg.settings.max_new_tokens, resolve(cfg.compile, target.model),
                     drafts)
         generations = run_units(target, cfg, prompts, methods, runners, checkpoint)
         for runner in runners.values():
