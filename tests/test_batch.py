@@ -310,7 +310,13 @@ def test_every_method_batched_matches_ar_on_smollm2(smollm2, smollm2_int8, cases
 def test_batched_auto_shares_its_memory_across_slots(smollm2, cases):
     drafters = api.make_drafters("auto", smollm2, [], api.RunSettings(max_new_tokens=NEW_TOKENS), batch_size=2)
     assert drafters[1].memory is drafters[0].memory
+    assert drafters[1].run_calibration is drafters[0].run_calibration  # greedy: learnt from every slot's steps
     api.run_batch(smollm2, [ids for ids, _ in cases], drafters, max_new_tokens=NEW_TOKENS)
     for d in reversed(drafters):
         d.finish()
     assert len(drafters[0].memory.sequences) == len(cases)
+    assert all(d.calibration is d.run_calibration for d in drafters) and drafters[0].run_calibration.cells
+    sampled = api.run_batch(smollm2, [ids for ids, _ in cases], drafters, max_new_tokens=8,
+                            sampling=SamplingConfig(temperature=0.8))
+    assert len(sampled) == len(cases)  # sampled: each generation's own calibration, never the run's
+    assert all(d.calibration is not d.run_calibration for d in drafters)

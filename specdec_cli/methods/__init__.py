@@ -56,10 +56,11 @@ class MethodContext:
                               verify=verify)
 
     def held_once(self, key: str, make) -> tuple[object, bool]:
-        """``(part, made)``: the run-wide part ``key`` of this method's drafters (``auto``'s memory of outputs,
-        ``aded``'s adapted tri-gram matrix), held once for every slot of a batch (``api.make_drafters`` hands their
-        contexts one ``shared`` dict): the first build makes it with ``make()`` (``made``: that drafter owns it and
-        saves it at ``finish``), the others get the same object. A drafter made alone holds its own."""
+        """``(part, made)``: the run-wide part ``key`` of this method's drafters (``auto``'s memory of outputs and
+        its calibration, ``aded``'s adapted tri-gram matrix), held once for every slot of a batch
+        (``api.make_drafters`` hands their contexts one ``shared`` dict): the first build makes it with ``make()``
+        (``made``: that drafter owns it and saves it at ``finish``), the others get the same object. A drafter made
+        alone holds its own."""
         if key in self.shared:
             return self.shared[key], False
         self.shared[key] = make()

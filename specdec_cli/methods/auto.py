@@ -42,12 +42,13 @@ class AutoDrafter(Drafter):
 
     def __init__(self, sources: list[Source], models: list[DraftModel] = (), *, max_nodes: int = 64,
                  cont_len: int = 16, window: int = 8, memory: OutputMemory | None = None,
-                 memory_dir: str | None = None, fingerprint: str = ""):
+                 memory_dir: str | None = None, fingerprint: str = "", calibration: SourceCalibration | None = None):
         self.sources = list(sources)
         self.models = list(models)
         self.max_nodes, self.cont_len, self.window = max_nodes, cont_len, window
         self.memory, self.memory_dir, self.fingerprint = memory, memory_dir, fingerprint
-        self.calibration = SourceCalibration()
+        self.run_calibration = calibration if calibration is not None else SourceCalibration()
+        self.calibration = self.run_calibration
         self.gates = {s.name: Gate() for s in self.sources if s.gated}
         if self.models:
             self.gates[MODEL] = Gate(cheap_probe=False)  # its probe first prefills the draft model
@@ -58,8 +59,10 @@ class AutoDrafter(Drafter):
 
     def start(self, prompt, cfg, generator) -> None:
         super().start(prompt, cfg, generator)
-        if not cfg.greedy:  # a sampled generation starts from the sources' own estimates
-            self.calibration.reset()
+        # greedy: the run's calibration, held once for every slot of a batch (at B = 32 a slot alone would learn from
+        # a 32nd of the steps); sampled: this generation's own, from the sources' estimates, so its prices never
+        # depend on other rows or generations
+        self.calibration = self.run_calibration if cfg.greedy else SourceCalibration()
         for source in self.sources:
             source.start(prompt)
         for gate in self.gates.values():  # a source that lost only a little gets a fresh chance
@@ -110,7 +113,8 @@ class AutoDrafter(Drafter):
             raise ValueError("state of other sources")
         for name, gate in self.gates.items():
             gate.load_state(gates[name])
-        self.calibration.cells = cells
+        self.run_calibration.cells = cells
+        self.calibration = self.run_calibration
         if self.memory is not None:
             self.memory.load_state(state["memory"])
         for key, sources in keyed.items():
@@ -276,11 +280,12 @@ def build(ctx) -> Drafter:
         if names.count(name) > 1:
             for k, s in enumerate(x for x in sources if x.name == name):
                 s.name = f"{name}{k + 1}"
+    calibration, _ = ctx.held_once("calibration", SourceCalibration)  # learnt from every slot's verified steps
     rows_to_draft(np.array([[1, 2, -1]]), 2)  # compiled code loaded (or compiled) now, not in the first step
     models = [draft_model_for(d, ctx.target, ctx.budget.adaptive) for d in ctx.drafts[:1]]
     return AutoDrafter(sources, models, max_nodes=ctx.opt("max_nodes"), cont_len=ctx.opt("cont_len"),
                        window=ctx.window or ctx.opt("model_window"), memory=memory, memory_dir=memory_dir,
-                       fingerprint=ctx.target.fingerprint)
+                       fingerprint=ctx.target.fingerprint, calibration=calibration)
 
 
 def load_memory(ctx) -> OutputMemory:

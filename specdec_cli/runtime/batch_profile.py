@@ -21,6 +21,7 @@ import torch
 
 from . import forward
 from .batch_cache import BatchCache
+from .cache import CACHE_SLACK
 from .profile import CONTEXT, _path, model_key
 from ..io.atomic import write_cache
 from ..io.jsonl import read_json
@@ -63,9 +64,9 @@ def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (context + max(WIDTHS) + 1,), generator=gen).tolist()
-    single = forward.new_cache(model, context + 8)
+    single = forward.new_cache(model, context + CACHE_SLACK)  # the context, prefilled once and copied into every row
     forward.forward_chain(model, single, ctx[:context], keep=0)
-    cache = BatchCache(model, rows, context + max(WIDTHS) + 8)
+    cache = BatchCache(model, rows, context + max(WIDTHS) + CACHE_SLACK)  # the widest timed forward fits
     for row in range(rows):
         cache.load_row(row, single, context)
 

@@ -26,6 +26,7 @@ import torch
 
 from ..io.atomic import write_cache
 from ..io.jsonl import read_json
+from .cache import CACHE_SLACK
 from .cache_mode import CacheMode
 from .static_cache import WARM_CALLS
 
@@ -128,7 +129,7 @@ def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode 
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (context + max(points) + 1,), generator=gen).tolist()
-    cache = forward.new_cache(model, context + max(points) + 8, cache_mode)
+    cache = forward.new_cache(model, context + max(points) + CACHE_SLACK, cache_mode)  # the widest timed forward fits
     forward.forward_chain(model, cache, ctx[:context], keep=0)
 
     device = forward.input_device(model)
