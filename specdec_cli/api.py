@@ -155,7 +155,8 @@ def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = 
     """``settings.batch_size`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`
     (``batch_size=4`` among ``values`` overrides the settings'). Each holds its sequence's state; what the method
     learns about the run's outputs (``auto``'s memory and calibration, ``aded``'s adapted matrix) is made once, by
-    the first, and held by every slot (the first saves it at ``finish``: call the others' ``finish`` first)."""
+    the first, and held by every slot (the first saves the memory and the matrix at ``finish``: call the others'
+    ``finish`` first)."""
     if "count" in values:  # its name before settings.batch_size (kept for callers of the earlier API)
         values["batch_size"] = values.pop("count")
     settings = with_values(settings, values)

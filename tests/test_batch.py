@@ -316,7 +316,9 @@ def test_batched_auto_shares_its_memory_across_slots(smollm2, cases):
         d.finish()
     assert len(drafters[0].memory.sequences) == len(cases)
     assert all(d.calibration is d.run_calibration for d in drafters) and drafters[0].run_calibration.cells
+    learnt = drafters[0].run_calibration.state()
     sampled = api.run_batch(smollm2, [ids for ids, _ in cases], drafters, max_new_tokens=8,
                             sampling=SamplingConfig(temperature=0.8))
     assert len(sampled) == len(cases)  # sampled: each generation's own calibration, never the run's
     assert all(d.calibration is not d.run_calibration for d in drafters)
+    assert drafters[0].run_calibration.state() == learnt and drafters[1].state()["calibration"] == learnt

@@ -168,26 +168,51 @@ def test_profile_times_a_static_bucket_only_once_it_is_warm(monkeypatch, mode):
 def test_bench_warms_every_compiled_bucket_before_timing(monkeypatch):
     """Measured on an H200: with the profile read from disk, compiled `auto`'s first HumanEval prompt took 13.5 s
     (buckets compiling inside the timed run) against 0.3-0.4 s for the next ones. bench's warm-up now calls every
-    bucket of the target and of each draft model WARM_CALLS times on a compiled path -- once per process -- and
-    nothing on the eager and static-eager paths."""
+    bucket WARM_CALLS times on a compiled path: the target's in the very cache its generations get (at the capacity
+    the longest conversation needs), each draft model's in a temporary cache. Once per cache; nothing on the eager
+    and static-eager paths, nor for runs without specdec's engine (vLLM alone: no model here)."""
     from types import SimpleNamespace
 
     from specdec_cli.bench import runners
 
     calls = []
     monkeypatch.setattr(fastpath.StaticCache, "forward_tree",
-                        lambda self, root, draft, parents: calls.append((id(self.model), 1 + len(draft), len(parents))))
-    monkeypatch.setattr(fastpath, "_WARM", set())
+                        lambda self, root, draft, parents: calls.append((self, 1 + len(draft), len(parents))))
     target, draft = SimpleNamespace(model=tiny_llama(vocab=16)), SimpleNamespace(model=tiny_llama(vocab=16, seed=1))
-    monkeypatch.setattr(runners, "encode_turn", lambda *a: [1, 2, 3])
+    prompt = SimpleNamespace(turns=["question", "follow-up"], raw=True)
+    monkeypatch.setattr(runners, "encode_turn", lambda target, p, turn, answers, n: [1] * (1500 + turn))
     ran = []
-    for mode in (CacheMode.EAGER, CacheMode.STATIC):
-        runners.warm_up(target, [None], {"ar": lambda ids, n: ran.append(n)}, 64, mode, [draft])
+    engine_run = lambda ids, n: ran.append(n)
+    engine_run.drafter = None  # a specdec runner (runners.specdec_runner)
+    for compile in ("off", "static"):
+        runners.warm_up(target, [prompt], {"ar": engine_run}, 64, compile, [draft])
         assert calls == []
-    runners.warm_up(target, [None], {"ar": lambda ids, n: ran.append(n)}, 64, CacheMode.COMPILED, [draft])
+    runners.warm_up(SimpleNamespace(), [prompt], {"vllm": lambda ids, n: ran.append(n)}, 64, "on", [draft])
+    assert calls == []
+    runners.warm_up(target, [prompt], {"ar": engine_run}, 64, "on", [draft])
     per_model = sorted(list(fastpath.BUCKETS) * fastpath.WARM_CALLS)
-    for model in (target.model, draft.model):
-        assert sorted(size for m, size, _ in calls if m == id(model)) == per_model
+    needed = 1501 + 2 * 64 + 8  # the last turn's question and history, an answer per turn, CACHE_SLACK
+    kept = fastpath.cache_for(target.model, needed, CacheMode.COMPILED)
+    assert kept.warmed and kept.capacity == 4096  # past 2,048 rows: the larger cache, the one the run will get
+    assert sorted(size for c, size, _ in calls if c is kept) == per_model
+    assert sorted(size for c, size, _ in calls if c.model is draft.model) == per_model
+    assert (id(draft.model), "warm-up") not in fastpath._POOL  # graphs compiled; its temporary buffers dropped
     assert all(size == parents + 1 for _, size, parents in calls)  # a chain: the root and size - 1 draft nodes
-    runners.warm_up(target, [None], {"ar": lambda ids, n: ran.append(n)}, 64, CacheMode.COMPILED, [draft])
-    assert len(calls) == 2 * len(per_model) and ran == [8] * 4  # warmed once per process; the warm-up runs go on
+    runners.warm_up(target, [prompt], {"ar": engine_run}, 64, "on", [])
+    assert len(calls) == 2 * len(per_model) and ran == [8] * 5  # warmed once per cache; the warm-up runs go on
+
+
+def test_a_warmed_compiled_cache_is_the_one_generations_get(monkeypatch):
+    """Unmocked, on the CPU's compiled path (inductor): warm two buckets, then decode; the generation runs in the
+    warmed cache and gives the eager loop's tokens."""
+    model = tiny_llama(vocab=16)
+    assert fastpath.warm(model, CacheMode.COMPILED, 64, sizes=(1, 2)) > 0
+    warmed = fastpath.cache_for(model, 64, CacheMode.COMPILED)
+    assert warmed.warmed and warmed.length == 0 and fastpath.warm(model, CacheMode.COMPILED, 64) == 0.0
+    made = []
+    real = fastpath.cache_for
+    monkeypatch.setattr(fastpath, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    prompt = [1, 2, 3, 4, 5]
+    expected = generate(model, prompt, Drafter(), max_new_tokens=8).tokens
+    assert generate(model, prompt, Drafter(), max_new_tokens=8, cache_mode=CacheMode.COMPILED).tokens == expected
+    assert made and made[0] is warmed

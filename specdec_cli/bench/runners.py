@@ -12,6 +12,7 @@ from ..engine.loop import cut_at_stop  # noqa: F401 - throughput imports it from
 from ..io.prompts import Prompt, load_prompts
 from ..runtime import static_cache
 from ..runtime.cache_mode import CacheMode, resolve
+from ..runtime.cache import CACHE_SLACK
 from ..runtime.machine import set_threads
 from .baselines import OUTSIDE_BASELINES, baseline_runner
 from .config import WARMUP_TOKENS, BenchConfig, Generation, Runner
@@ -111,18 +112,31 @@ def rotated(methods: list[str], index: int) -> list[str]:
     return methods[k:] + methods[:k]
 
 
-def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_tokens: int,
-            cache_mode: CacheMode = CacheMode.EAGER, drafts=()) -> None:
-    """One short untimed generation per method on the first prompt's first turn. On a compiled path every bucket
-    of the target and of each draft model is compiled first, so no timed step compiles one."""
-    for model in [target.model, *(d.model for d in drafts)]:
-        static_cache.warm(model, cache_mode)
+def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_tokens: int, compile: str = "off",
+            drafts=()) -> None:
+    """One short untimed generation per method on the first prompt's first turn. On a compiled path
+    (:func:`warm_buckets`) every bucket is compiled first, so no timed step compiles one."""
+    if any(hasattr(runner, "drafter") for runner in runners.values()):  # specdec's engine runs (not vLLM alone)
+        warm_buckets(target, prompts, max_new_tokens, resolve(compile, target.model), drafts)
     n = min(WARMUP_TOKENS, max_new_tokens)
     ids = encode_turn(target, prompts[0], 0, [], max_new_tokens)  # checked against the run's -n, not the warm-up's
     for runner in runners.values():
         runner(ids, n)
         if hasattr(runner, "after_warmup"):
             runner.after_warmup()
+
+
+def warm_buckets(target, prompts: list[Prompt], max_new_tokens: int, mode: CacheMode, drafts=()) -> None:
+    """Compile every bucket of the target's static cache at the capacity the longest conversation needs (every
+    turn's question, and ``max_new_tokens`` per answer), and of each draft model's (``static_cache.warm``)."""
+    if not mode.compiled:
+        return
+    needed = CACHE_SLACK + max(
+        len(encode_turn(target, p, len(p.turns) - 1, [""] * (len(p.turns) - 1), max_new_tokens))
+        + max_new_tokens * len(p.turns) for p in prompts)
+    static_cache.warm(target.model, mode, needed)
+    for draft in drafts:  # its drafter's cache has a slot of its own: compile here, record there
+        static_cache.warm(draft.model, mode, needed, slot="warm-up", keep=False)
 
 
 class Progress:
@@ -167,8 +181,7 @@ def run_generations(target, drafts, cfg: BenchConfig, prompts: list[Prompt], met
     try:
         runners = {m: make_runner(m, target, drafts, cfg, opened, engines) for m in methods}
         if cfg.warmup:
-            warm_up(target, prompts, runners, cfg.settings.max_new_tokens, resolve(cfg.compile, target.model),
-                    drafts)
+            warm_up(target, prompts, runners, cfg.settings.max_new_tokens, cfg.compile, drafts)
         generations = run_units(target, cfg, prompts, methods, runners, checkpoint)
         for runner in runners.values():
             if hasattr(runner, "drafter"):

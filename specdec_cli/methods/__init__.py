@@ -59,8 +59,8 @@ class MethodContext:
         """``(part, made)``: the run-wide part ``key`` of this method's drafters (``auto``'s memory of outputs and
         its calibration, ``aded``'s adapted tri-gram matrix), held once for every slot of a batch
         (``api.make_drafters`` hands their contexts one ``shared`` dict): the first build makes it with ``make()``
-        (``made``: that drafter owns it and saves it at ``finish``), the others get the same object. A drafter made
-        alone holds its own."""
+        (``made``: that drafter owns it, and saves what is saved -- the memory, the adapted matrix -- at ``finish``),
+        the others get the same object. A drafter made alone holds its own."""
         if key in self.shared:
             return self.shared[key], False
         self.shared[key] = make()

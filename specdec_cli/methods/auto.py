@@ -88,7 +88,7 @@ class AutoDrafter(Drafter):
         """Everything that carries over from one generation to the next: the per-(source, bucket) calibration,
         the gates, the memory of earlier outputs, and each source's own state under its ``state_key`` (the
         generation that joins the memory at the next start, the tri-gram sources' adapted rows)."""
-        out = {"calibration": self.calibration.state(), "gates": {name: gate.state() for name, gate in self.gates.items()},
+        out = {"calibration": self.run_calibration.state(), "gates": {name: gate.state() for name, gate in self.gates.items()},
                "memory": self.memory.state() if self.memory is not None else None}
         for key, sources in self._keyed().items():
             out[key] = [s.state() for s in sources]

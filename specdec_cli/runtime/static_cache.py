@@ -117,6 +117,7 @@ class StaticCache(KVCache):
         for layer in self.layers:  # allocated now: a compiled graph never sees an uninitialized layer
             layer.lazy_initialization(empty, empty)
         self.run = _compile(self._forward) if mode.compiled else self._forward
+        self.warmed = False  # every bucket compiled ahead of the first timed step (:func:`warm`)
 
     @property
     def length(self) -> int:
@@ -234,7 +235,9 @@ def _compile(fn):
     """CUDA graphs through ``torch.compile(mode="reduce-overhead")`` on CUDA; inductor's default elsewhere.
     One graph per bucket (``dynamic=False``: every input shape of a bucket is fixed)."""
     cuda = torch.cuda.is_available()
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its name before 2.7
+    setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
     return torch.compile(fn, mode="reduce-overhead" if cuda else "default", dynamic=False, fullgraph=False)
 
 
@@ -256,28 +259,33 @@ def cache_for(model, needed: int, mode: CacheMode = CacheMode.STATIC, slot: str 
     return cache
 
 
-_WARM: set[tuple[int, CacheMode, int]] = set()
-
-
 @torch.inference_mode()
-def warm(model, mode: CacheMode, calls: int = WARM_CALLS, sizes: tuple[int, ...] = BUCKETS) -> float:
-    """Compile (and under CUDA graphs warm up and record) every bucket of ``model``'s pooled cache before anything is
-    timed: otherwise a bucket compiles the first time a draft needs it, inside a timed generation (on an H200 the
-    first HumanEval prompt of compiled ``auto`` took 13.5 s against 0.3-0.4 s for the next ones). ``calls`` per
-    bucket: the first compiles, under reduce-overhead the second warms up and the third records. Once per process,
-    model and mode (graphs are shared by every cache of the same shapes); returns the seconds spent."""
-    if not mode.compiled or (id(model), mode, MIN_CAPACITY) in _WARM:
+def warm(model, mode: CacheMode, needed: int = 0, *, slot: str = "target", keep: bool = True,
+         calls: int = WARM_CALLS, sizes: tuple[int, ...] = BUCKETS) -> float:
+    """Compile (and under CUDA graphs warm up and record) every bucket of the pooled cache that a generation of
+    ``needed`` rows gets (:func:`cache_for`), before anything is timed: otherwise a bucket compiles the first time a
+    draft needs it, inside a timed generation (on an H200 the first HumanEval prompt of compiled ``auto`` took 13.5 s
+    against 0.3-0.4 s for the next ones). ``calls`` per bucket: the first compiles, under reduce-overhead the second
+    warms up and the third records. Once per cache (a cache of another capacity has other shapes: its own graphs);
+    graphs are shared by every cache of the same shapes, so ``keep=False`` warms a temporary cache in ``slot`` and
+    drops it (a draft model's own cache, in a slot of its drafter's, then only records its CUDA graphs). Returns
+    the seconds spent."""
+    if not mode.compiled:
+        return 0.0
+    cache = cache_for(model, needed, mode, slot)
+    if cache.warmed:
         return 0.0
     import time
 
     t0 = time.perf_counter()
-    cache = cache_for(model, 0, mode)
     vocab = model.get_input_embeddings().weight.shape[0]
     for size in sizes:
         tokens = [i % vocab for i in range(size)]
         for _ in range(calls):
-            cache.forward_tree(tokens[0], tokens[1:], list(range(-1, size - 2)))
+            cache.forward_tree(tokens[0], tokens[1:], list(range(-1, size - 2)))  # a chain of ``size`` rows
             cache.crop_to(0)
     cache.reset()
-    _WARM.add((id(model), mode, MIN_CAPACITY))
+    cache.warmed = True
+    if not keep:
+        _POOL.pop((id(model), slot), None)
     return time.perf_counter() - t0
