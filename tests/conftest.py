@@ -61,6 +61,16 @@ def tiny_gemma3(vocab: int = 16, seed: int = 0, window: int = 4):
     return Gemma3ForCausalLM(cfg).eval()
 
 
+def record_static_caches(monkeypatch) -> list:
+    """Every cache ``static_cache.cache_for`` hands out from now on, in order: the caches a run really decoded in."""
+    from specdec_cli.runtime import static_cache
+
+    made = []
+    real = static_cache.cache_for
+    monkeypatch.setattr(static_cache, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    return made
+
+
 def chain_logits(model, tokens):
     """Logits of a plain chain forward over ``tokens`` on a fresh (growing, eager) cache."""
     from specdec_cli.runtime import forward as engine

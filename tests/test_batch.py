@@ -21,7 +21,7 @@ from specdec_cli.runtime.cache_mode import CacheMode
 from specdec_cli.runtime.masks import batch_mask, tree_mask
 from specdec_cli.runtime.positions import ancestor_matrix, depths
 
-from conftest import CHAT_PROMPTS, tiny_gemma3, tiny_llama
+from conftest import CHAT_PROMPTS, record_static_caches, tiny_gemma3, tiny_llama
 
 VOCAB = 16
 
@@ -175,9 +175,7 @@ def test_a_batch_of_one_takes_the_drafters_static_path(make, monkeypatch):
     rng = random.Random(4)
     prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (7, 3, 11)]
     expected = [generate(model, p, Drafter(), max_new_tokens=16).tokens for p in prompts]
-    made = []
-    real = static_cache.cache_for
-    monkeypatch.setattr(static_cache, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    made = record_static_caches(monkeypatch)
     drafter = RandomTrees()
     drafter.cache_mode = CacheMode.STATIC
     for _ in range(2):  # the static cache is kept for reuse: the second batch (and the single loop) get it again

@@ -18,7 +18,7 @@ from specdec_cli.runtime.cache_mode import CacheMode
 from specdec_cli.runtime import static_cache as fastpath
 from specdec_cli.engine.loop import Drafter, Draft, generate
 
-from conftest import assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
+from conftest import assert_tree_rows_match_chains, chain_logits, record_static_caches, tiny_gemma3, tiny_llama
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
@@ -209,9 +209,7 @@ def test_a_warmed_compiled_cache_is_the_one_generations_get(monkeypatch):
     assert fastpath.warm(model, CacheMode.COMPILED, 64, sizes=(1, 2)) > 0
     warmed = fastpath.cache_for(model, 64, CacheMode.COMPILED)
     assert warmed.warmed and warmed.length == 0 and fastpath.warm(model, CacheMode.COMPILED, 64) == 0.0
-    made = []
-    real = fastpath.cache_for
-    monkeypatch.setattr(fastpath, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    made = record_static_caches(monkeypatch)
     prompt = [1, 2, 3, 4, 5]
     expected = generate(model, prompt, Drafter(), max_new_tokens=8).tokens
     assert generate(model, prompt, Drafter(), max_new_tokens=8, cache_mode=CacheMode.COMPILED).tokens == expected

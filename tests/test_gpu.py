@@ -17,7 +17,8 @@ from specdec_cli import api
 from specdec_cli.runtime import forward as engine
 from specdec_cli.runtime.cache_mode import CacheMode
 
-from conftest import CHAT_PROMPTS, assert_tree_rows_match_chains, chain_logits, tiny_gemma3, tiny_llama
+from conftest import (CHAT_PROMPTS, assert_tree_rows_match_chains, chain_logits, record_static_caches, tiny_gemma3,
+                      tiny_llama)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -190,14 +191,11 @@ def test_a_batch_of_one_takes_the_compiled_path_on_gpu(make, monkeypatch):
     from test_batch import RandomTrees
     from specdec_cli.engine.batch import generate_batch
     from specdec_cli.engine.loop import Drafter, generate
-    from specdec_cli.runtime import static_cache
 
     model = on_gpu(make(vocab=16))
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [3, 1, 4, 1, 5]]
     expected = [generate(model, p, Drafter(), max_new_tokens=16).tokens for p in prompts]
-    made = []
-    real = static_cache.cache_for
-    monkeypatch.setattr(static_cache, "cache_for", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    made = record_static_caches(monkeypatch)
     drafter = RandomTrees()
     drafter.cache_mode = CacheMode.COMPILED
     results = generate_batch(model, prompts, [drafter], max_new_tokens=16)

@@ -24,6 +24,8 @@ cache, so every method runs on it and stays lossless. Row moves and copies are s
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from transformers.cache_utils import CacheLayerMixin
@@ -275,8 +277,6 @@ def warm(model, mode: CacheMode, needed: int = 0, *, slot: str = "target", keep:
     cache = cache_for(model, needed, mode, slot)
     if cache.warmed:
         return 0.0
-    import time
-
     t0 = time.perf_counter()
     vocab = model.get_input_embeddings().weight.shape[0]
     for size in sizes:
