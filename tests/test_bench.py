@@ -276,6 +276,18 @@ def test_datastore_per_method():
         lib.datastore_for("rest", ["a", "b"])
 
 
+def test_a_bare_datastore_that_no_method_reads_is_not_checked(tmp_path):
+    """`bench --methods auto,pld --datastore DIR`: auto reads only auto=DIR and pld no store, so DIR is not opened;
+    its tokenizer is not checked either (a missing DIR's manifest was read there: a traceback). A store a method
+    does read is still refused in one line."""
+    from specdec_cli.commands.bench import check_stores
+
+    missing = str(tmp_path / "missing")
+    assert check_stores(lib, lib.BenchConfig(methods=["auto", "pld"], datastore=[missing])) == {}
+    with pytest.raises(SpecdecError, match="no such directory"):
+        check_stores(lib, lib.BenchConfig(methods=["pld", "rest"], datastore=[missing]))
+
+
 def gen(method, pid, tokens, seconds, forwards=None, drafted=None, accepted=None):
     return lib.Generation(method, pid, 0, [1] * tokens, seconds, forwards=forwards, emitted=tokens,
                           drafted=drafted, accepted=accepted, draft_s=0.0 if forwards else None)

@@ -164,15 +164,13 @@ def check_stores(lib, cfg) -> dict:
 
     from ..bench.labels import split_label
 
-    stores, opened = [], {}
+    opened = {}
     for name in (split_label(m, cfg.engine)[0] for m in cfg.methods):
-        found = lib.datastore_for(name, cfg.datastore)
-        precheck_datastore(name, found, opened)
-        stores += [found] if isinstance(found, str) else list(found or [])
-    if stores:
+        precheck_datastore(name, lib.datastore_for(name, cfg.datastore), opened)
+    if opened:  # the stores a method reads (a bare --datastore beside methods that take none is not opened)
         from ..datastore import check_stores_tokenizer
 
-        check_stores_tokenizer(sorted(set(stores)), cfg.model)
+        check_stores_tokenizer(sorted(opened), cfg.model)
     return opened
 
 
