@@ -73,15 +73,18 @@ def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndar
         dot16.KERNELS[FORMATS[weight.dtype]](x2.numpy(), bits, y.numpy(), block)
         return y
     rows = max(SLICE_BYTES // (4 * weight.shape[1]), 1)
+    if rows >= weight.shape[0]:  # one slice: no concatenation (a copy of the whole output)
+        return F.linear(x2, weight.float())
     return torch.cat([F.linear(x2, weight[i: i + rows].float()) for i in range(0, weight.shape[0], rows)], dim=1)
 
 
 def candidates(n: int) -> tuple[str, ...]:
     """The strategies timed for ``n`` rows: one row has one; a few rows, single rows or pairs; from four rows on,
     pairs (never slower there on the CPU of docs/profiling.md); beyond :data:`INVARIANT_ROWS` rows (prefills),
-    pairs or ``widen``."""
+    ``widen`` alone: MKL's float32 product beat the pairs by 4-35% on every SmolLM2 shape at 256 and 780 rows
+    (docs/profiling.md, "16-bit prefills"), and a plan that timed both at 256 rows picked the pairs on noise."""
     if n > INVARIANT_ROWS:
-        return ("d16x2", "widen")
+        return ("widen",)
     return ("d16x1",) if n == 1 else ("d16x1", "d16x2") if n < 4 else ("d16x2",)
 
 
