@@ -26,6 +26,7 @@ from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
 from .engine.batch import generate_batch
+from .engine.drafters import Drafters
 from .errors import SpecdecError
 from .methods import METHODS, MethodContext, build_drafter, check_options
 from .io.models import LoadedModel, LoadedText, load_draft, load_model
@@ -151,28 +152,31 @@ def run(target: LoadedModel, prompt_ids: list[int], drafter: Drafter, settings: 
 def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = (), settings: RunSettings | None = None,
                   *, datastore: str | list[str] | None = None, options: dict[str, str] | None = None,
                   check: bool = True, compile: str | CacheMode = "auto", opened: dict | None = None,
-                  **values) -> list[Drafter]:
-    """``settings.batch_size`` drafters for the slots of a batch (:func:`run_batch`), made like :func:`make_drafter`
-    (``batch_size=4`` among ``values`` overrides the settings'). Each holds its sequence's state; what the method
-    learns about the run's outputs (``auto``'s memory and calibration, ``aded``'s adapted matrix) is made once, by
-    the first, and held by every slot (the first saves the memory and the matrix at ``finish``: call the others'
-    ``finish`` first)."""
+                  **values) -> Drafters:
+    """The drafter of a batched run (:func:`run_batch`): one :class:`~specdec_cli.engine.drafters.Drafters` with
+    ``settings.batch_size`` slots, each made like :func:`make_drafter` (``batch_size=4`` among ``values``
+    overrides the settings'), sequences keyed by id. A slot holds one sequence's state at a time; what the method
+    learns about the run's outputs (``auto``'s memory and calibration, ``aded``'s adapted matrix) and the opened
+    stores are made once, by the first slot, and held by every slot. Call its ``finish()`` after the last run
+    (the first slot saves the memory and the matrix then, after the others). It reads as the list of its slots
+    too (``len``, indexing, iteration), as the list this returned before."""
     if "count" in values:  # its name before settings.batch_size (kept for callers of the earlier API)
         values["batch_size"] = values.pop("count")
     settings = with_values(settings, values)
     kwargs = {"datastore": datastore, "options": options, "check": check, "compile": compile,
               "opened": {} if opened is None else opened,  # one open per datastore, shared by the slots
               "shared": {}}  # one memory / adapted matrix for the batch
-    return [make_drafter(method, target, drafts, settings, **kwargs) for _ in range(settings.batch_size)]
+    return Drafters([make_drafter(method, target, drafts, settings, **kwargs) for _ in range(settings.batch_size)])
 
 
-def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: list[Drafter],
+def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: Drafters | list[Drafter],
               settings: RunSettings | None = None, *, on_result=None, on_step=None, **values) -> list[GenerationResult]:
     """Every prompt, up to ``len(drafters)`` decoding together (:mod:`specdec_cli.engine.batch`): one target forward
     per step for the whole batch. ``on_result(index, result)`` as each prompt finishes; results in input order."""
     settings = with_values(settings, values)
+    drafters = Drafters.of(drafters)
     times, rows = None, min(len(drafters), len(prompts))
-    if drafters and drafters[0].budget.mode.adaptive and rows > 1:  # priced with measured batch forwards (one row
+    if drafters.slots[0].budget.mode.adaptive and rows > 1:  # priced with measured batch forwards (one row
         from .runtime.batch_profile import batch_times_for  # decodes in its one-sequence cache: its own profile)
 
         times = batch_times_for(target.model, rows, progress=note)

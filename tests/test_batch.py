@@ -11,6 +11,7 @@ import torch
 
 from specdec_cli import api
 from specdec_cli.engine.batch import BatchShare, generate_batch
+from specdec_cli.engine.drafters import Drafters
 from specdec_cli.engine.loop import Draft, Drafter, generate
 from specdec_cli.engine.sampling import SamplingConfig
 from specdec_cli.runtime import forward
@@ -247,6 +248,60 @@ def test_results_come_as_they_finish_and_are_returned_in_input_order():
                              on_result=lambda i, r: seen.append(i))
     assert sorted(seen) == [0, 1, 2] and [r.prompt_tokens for r in results] == prompts
     assert all(r.extra["latency_s"] > 0 and len(r.tokens) == 5 for r in results)
+
+
+class SlotRecorder(Drafter):
+    """Proposes nothing; records which slot served which sequence, and when it finished."""
+
+    def __init__(self, slot: int, log: list):
+        self.slot, self.log = slot, log
+
+    def start(self, prompt, cfg, generator):
+        super().start(prompt, cfg, generator)
+        self.log.append(("start", self.slot, prompt[0]))
+
+    def propose(self, tokens, max_tokens):
+        self.log.append(("propose", self.slot, tokens[0]))
+        return Draft()
+
+    def finish(self):
+        self.log.append(("finish", self.slot))
+
+
+def test_one_drafters_object_keys_its_sequences_by_id():
+    """A run's drafter is one object: a sequence takes the slot idle longest, every call for it reaches that slot,
+    the slot is idle again when it ends, and a new run starts from the first slots in order."""
+    log = []
+    drafters = Drafters([SlotRecorder(i, log) for i in range(3)])
+    greedy = SamplingConfig()
+    drafters.open(2)  # two rows: the third slot stays out of this run
+    drafters.begin(7, [70], greedy, None, None)
+    drafters.begin(3, [30], greedy, None, None)
+    drafters.propose(3, [30], 4)
+    drafters.propose(7, [70], 4)
+    assert log == [("start", 0, 70), ("start", 1, 30), ("propose", 1, 30), ("propose", 0, 70)]
+    with pytest.raises(ValueError, match="already live"):
+        drafters.begin(7, [71], greedy, None, None)
+    with pytest.raises(ValueError, match="no idle drafter slot"):
+        drafters.begin(9, [90], greedy, None, None)
+    drafters.end(7)
+    drafters.begin(9, [90], greedy, None, None)
+    assert drafters.live == {3: drafters[1], 9: drafters[0]}
+    drafters.open(3)  # a new run forgets the sequences an interrupted one left live
+    assert drafters.live == {} and drafters.idle == list(drafters)
+    log.clear()
+    drafters.finish()
+    assert log == [("finish", 2), ("finish", 1), ("finish", 0)]  # the first slot, which saves what is shared, last
+
+
+def test_a_batch_hands_finished_slots_to_waiting_prompts_in_order():
+    """Through the batch loop: prompt ``i`` starts in the slot that waited longest (the same assignment the loop
+    made when it held a list of free drafters)."""
+    log = []
+    model = tiny_llama(vocab=VOCAB)
+    prompts = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    generate_batch(model, prompts, Drafters([SlotRecorder(i, log) for i in range(2)]), max_new_tokens=3)
+    assert [entry[1:] for entry in log if entry[0] == "start"] == [(0, 1), (1, 3), (0, 5), (1, 7)]
 
 
 def test_rows_freed_together_with_fewer_prompts_waiting():

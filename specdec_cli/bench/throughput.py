@@ -145,8 +145,7 @@ def timed_ours(method: str, target, drafts, ids, size: int, cfg, reference, open
     t0 = time.perf_counter()
     results = api.run_batch(target, ids, drafters, settings, on_step=lambda rows, s: steps.append(s))
     seconds = time.perf_counter() - t0
-    for drafter in reversed(drafters):
-        drafter.finish()
+    drafters.finish()
     out = row(method, size, [r.tokens for r in results], seconds, [r.extra["latency_s"] for r in results],
               len(steps), reference if cfg.greedy else None, peak_mib())
     out["per_prompt"] = [counts(i, r.steps) for i, r in enumerate(results)]

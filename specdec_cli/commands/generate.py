@@ -186,8 +186,7 @@ def answer_batch(api, target, encoded: list[list[int]], drafters, settings, meta
             nxt[0] = next(order, -1)
 
     api.run_batch(target, encoded, drafters, settings, on_result=on_result)
-    for drafter in reversed(drafters):  # the first saves auto's --memory, after the others have added to it
-        drafter.finish()
+    drafters.finish()  # the first slot saves auto's --memory, after the others have added to it
 
 
 def text_streamer(tokenizer):

@@ -1,12 +1,13 @@
 """Many prompts at once: the decoding loop of :mod:`specdec_cli.engine.loop`, for up to ``B`` sequences that share
 one target forward per step (continuous batching).
 
-Each sequence keeps its own drafter (one per slot), its own draft tree and its own acceptance; one
+Each sequence keeps its own draft tree and acceptance, and its drafting state in the run's
+:class:`~specdec_cli.engine.drafters.Drafters` (one object, keyed by sequence; one slot per row); one
 :class:`~specdec_cli.runtime.batch_cache.BatchCache` holds every row's keys and values at its own length (a batch
 of one row decodes in the single loop's one-sequence cache instead, static and compiled included: both are a
 :class:`~specdec_cli.runtime.cache.KVCache`, asked the same things). A step:
 
-    drafts = [slot.drafter.propose(...) for each row]        # each row's budget prices draft tokens with its
+    drafts = [seq.propose(...) for each row]                  # each row's budget prices draft tokens with its
     width  = choose_width(...)                                #  share of the whole batch's forward time
     logits = cache.forward_rows(target, drafts)               # one forward, per-row positions and masks
     verify each row; cache.keep_paths(paths); finished rows take the next waiting prompt
@@ -33,6 +34,7 @@ from ..runtime.batch_cache import BatchCache
 from ..runtime.cache import CACHE_SLACK, KVCache
 from ..runtime.cache_mode import CacheMode, resolve
 from .drafter import Drafter, GenerationResult, vocab_size
+from .drafters import Drafters
 from .sampling import Draws, SamplingConfig
 from .sequence import Sequence
 
@@ -77,15 +79,15 @@ def flat_times(profile):
     return lambda rows, width: profile(rows * width)
 
 
-def _admit(target, cache, row: int, index: int, prompt: list[int], drafter: Drafter, share: BatchShare,
+def _admit(target, cache, row: int, index: int, prompt: list[int], drafters: Drafters, share: BatchShare,
            sampling: SamplingConfig, seed: int) -> Sequence:
-    """Prefill ``prompt`` (all but its last token, the first step's root) into row ``row`` of ``cache``."""
+    """Prefill ``prompt`` (all but its last token, the first step's root) into row ``row`` of ``cache``; the
+    sequence ``index`` begins in ``drafters``."""
     t0 = time.perf_counter()
     cache.prefill_row(target, row, prompt[:-1])
-    seq = Sequence(index, list(prompt), drafter, cache.row_view(row), torch.Generator().manual_seed(seed),
+    seq = Sequence(index, list(prompt), drafters, cache.row_view(row), torch.Generator().manual_seed(seed),
                    Draws(seed), t0, tokens=list(prompt))
-    drafter.budget.profile = share  # the row's price of a forward: its share of the batch's
-    seq.begin(sampling)
+    seq.begin(sampling, price=share)  # the row's price of a forward: its share of the batch's
     seq.prefill_s = time.perf_counter() - t0
     return seq
 
@@ -107,12 +109,13 @@ def choose_width(seqs: list[Sequence], times) -> int:
     return best
 
 
-def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *, max_new_tokens: int,
+def generate_batch(target, prompts: list[list[int]], drafters: Drafters | list[Drafter], *, max_new_tokens: int,
                    sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                    stop_ids: set[int] | frozenset[int] = frozenset(),
                    on_result: Callable[[int, GenerationResult], None] | None = None,
                    on_step: Callable[[int, float], None] | None = None, times=None) -> list[GenerationResult]:
-    """Decode every prompt, up to ``len(drafters)`` at a time (one drafter per slot). ``on_result(index, result)``
+    """Decode every prompt, up to ``len(drafters)`` at a time (one slot each; a list of drafters is a
+    :class:`~specdec_cli.engine.drafters.Drafters` of those slots). ``on_result(index, result)``
     is called as each sequence finishes (in finishing order); ``on_step(rows, seconds)`` after each forward.
     ``times(rows, width)``: the measured batched forward times (:mod:`specdec_cli.runtime.batch_profile`) that
     price draft tokens; None: the first drafter's one-sequence profile at ``rows * width`` tokens. The returned
@@ -120,34 +123,35 @@ def generate_batch(target, prompts: list[list[int]], drafters: list[Drafter], *,
     afterwards its own profile is back (a warm-up's shares never price the timed run, nor wrap each other)."""
     if not prompts:
         return []
-    own = [d.budget.profile for d in drafters]
+    drafters = Drafters.of(drafters)
+    own = [d.budget.profile for d in drafters.slots]
     try:
         return _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids, on_result, on_step,
                        times or flat_times(own[0]))
     finally:
-        for drafter, profile in zip(drafters, own):
+        for drafter, profile in zip(drafters.slots, own):
             drafter.budget.profile = profile
 
 
-def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids, on_result, on_step,
+def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed, stop_ids, on_result, on_step,
             times) -> list[GenerationResult]:
     results: list[GenerationResult | None] = [None] * len(prompts)
-    width_limit = 1 + max(WIDEST_PAPER_DRAFT, max((d.budget.mode.limit or 0 for d in drafters), default=0))
+    width_limit = 1 + max(WIDEST_PAPER_DRAFT, max((d.budget.mode.limit or 0 for d in drafters.slots), default=0))
     capacity = max(len(p) for p in prompts) + max_new_tokens + width_limit + CACHE_SLACK
     rows = min(len(drafters), len(prompts))
-    chosen = drafters[0].cache_mode  # None: a drafter made outside api.make_drafter, "auto" as api.run reads it
+    drafters.open(rows)
+    chosen = drafters.cache_mode  # None: a drafter made outside api.make_drafter, "auto" as api.run reads it
     cache = new_batch_cache(target, rows, capacity, resolve("auto" if chosen is None else chosen, target))
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab = vocab_size(target)
     waiting = list(range(len(prompts)))[::-1]
     slots: list[Sequence | None] = [None] * rows
-    free = list(drafters[:rows])
     while True:
         for row in range(cache.rows):
             if slots[row] is None and waiting:
                 i = waiting.pop()
-                slots[row] = _admit(target, cache, row, i, prompts[i], free.pop(0), share, sampling, seed)
+                slots[row] = _admit(target, cache, row, i, prompts[i], drafters, share, sampling, seed)
         if any(s is None for s in slots):  # no prompt waits for these rows: drop them (one copy)
             _compact(cache, slots)
         live = slots
@@ -170,10 +174,9 @@ def _decode(target, prompts, drafters, max_new_tokens, sampling, seed, stop_ids,
         now = time.perf_counter()
         for row, slot in enumerate(slots):
             if slot is not None and slot.done(max_new_tokens):
-                results[slot.index] = slot.result(now, latency_s=now - slot.t_start)
+                results[slot.index] = slot.result(now, latency_s=now - slot.t_start)  # its slot is idle again
                 if on_result:
                     on_result(slot.index, results[slot.index])
-                free.append(slot.drafter)
                 slots[row] = None
     return results
 

@@ -22,7 +22,8 @@ import torch
 
 from . import trees
 from .budget import StepPlan
-from .drafter import Draft, Drafter, GenerationResult, Outcome, StepStats, fit_draft
+from .drafter import Draft, GenerationResult, Outcome, StepStats, fit_draft
+from .drafters import Drafters
 from .sampling import Draws, SamplingConfig
 from .verify import verify_rejection, verify_tree
 
@@ -38,12 +39,13 @@ def hopeless(budget, share) -> bool:
 
 @dataclass
 class Sequence:
-    """One prompt's decoding state: its drafter, tokens, emitted output, per-step statistics and the current
-    step's draft. ``view``: the KV cache it decodes in (a one-sequence cache, or its row of a batched one)."""
+    """One prompt's decoding state: tokens, emitted output, per-step statistics and the current step's draft;
+    ``drafters`` holds its drafting state, keyed by ``index``. ``view``: the KV cache it decodes in (a
+    one-sequence cache, or its row of a batched one)."""
 
-    index: int  # its prompt's position in the input
+    index: int  # its prompt's position in the input: its id for the drafters
     prompt: list[int]
-    drafter: Drafter
+    drafters: Drafters
     view: object
     generator: torch.Generator
     draws: Draws
@@ -58,23 +60,25 @@ class Sequence:
     drafting: bool = False
     draft_s: float = 0.0
 
-    def begin(self, sampling: SamplingConfig) -> None:
-        """Before the first step: the budget restarts its per-generation state and the drafter reads the prompt
-        (and the target's cache, when its draft model shares it)."""
-        budget = self.drafter.budget
-        budget.start(sampled=not sampling.greedy)
-        self.drafter.use_target_cache(self.view)
-        self.drafter.start(list(self.prompt), sampling, self.generator)
+    def begin(self, sampling: SamplingConfig, price=None) -> None:
+        """Before the first step: the sequence takes a drafter slot, whose budget restarts its per-generation
+        state and which reads the prompt (and the target's cache, when its draft model shares it). ``price``:
+        what a forward costs this sequence (a batch row's share; None: its slot's own profile)."""
+        self.drafters.begin(self.index, self.prompt, sampling, self.generator, self.view, price)
+
+    @property
+    def budget(self):
+        return self.drafters.budget(self.index)
 
     def propose(self, max_new_tokens: int, vocab: int, share, max_nodes: int | None = None) -> Draft:
         """This step's draft: the budget decides whether to draft and how much of the draft to verify; ``share``
         prices a forward of ``n`` positions for this sequence; ``max_nodes``: what its cache can take."""
         t0 = time.perf_counter()
-        budget, drafter = self.drafter.budget, self.drafter
+        budget = self.budget
         self.drafting = budget.should_draft() and not hopeless(budget, share)
         room = budget.draft_limit(max_new_tokens - len(self.out) - 1)  # the step's own token is the last one
-        self.plan = budget.select(drafter.propose(self.tokens, room) if self.drafting else Draft())
-        self.draft = fit_draft(self.plan.draft, max_nodes, vocab, drafter.name)
+        self.plan = budget.select(self.drafters.propose(self.index, self.tokens, room) if self.drafting else Draft())
+        self.draft = fit_draft(self.plan.draft, max_nodes, vocab, self.drafters.name)
         self.draft_s = time.perf_counter() - t0
         return self.draft
 
@@ -88,7 +92,7 @@ class Sequence:
         """Expected tokens the step emits when the draft is cut to its first ``m`` nodes, for every ``m``."""
         if not len(self.draft):
             return np.ones(1)
-        probs = trees.path_probs(self.draft.parents, self.drafter.budget.calibrated(self.draft))
+        probs = trees.path_probs(self.draft.parents, self.budget.calibrated(self.draft))
         return np.concatenate([[1.0], 1.0 + np.cumsum(probs)])
 
     def settle(self, logits: torch.Tensor, sampling: SamplingConfig, stop_ids, max_new_tokens: int,
@@ -106,12 +110,12 @@ class Sequence:
         rows = [0] + [i + 1 for i in path]
         if keep is not None:
             keep(rows)
-        budget = self.drafter.budget
+        budget = self.budget
         budget.observe(self.plan, path, draft.cost_s if not budget.draft_cost else self.draft_s, self.drafting)
         accepted = [draft.tokens[i] for i in path]
         new = accepted + [nxt]
         self.tokens.extend(new)
-        self.drafter.accept(self.tokens, Outcome(draft, path, accepted, nxt, logits))
+        self.drafters.accept(self.index, self.tokens, Outcome(draft, path, accepted, nxt, logits))
         self.steps.append(StepStats(len(draft), len(accepted), len(new), self.draft_s, verify_s))
         stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
         if stop_at is not None:
@@ -124,6 +128,8 @@ class Sequence:
         return self.stopped_by == "eos" or len(self.out) >= max_new_tokens
 
     def result(self, now: float, **extra) -> GenerationResult:
-        stats = {**self.drafter.stats(), **self.drafter.budget.stats(), **extra}
+        """The generation's result; the sequence's drafter slot is idle again."""
+        stats = {**self.drafters.stats(self.index), **extra}
+        self.drafters.end(self.index)
         return GenerationResult(self.prompt, self.out, self.steps, self.prefill_s, now - self.t_start,
                                 self.stopped_by, extra=stats)

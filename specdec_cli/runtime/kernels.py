@@ -123,8 +123,7 @@ class FastLinear(torch.nn.Module):
         # 16-bit weights: float32 rows through kernels16 (``_bits``: the weight's bits as uint16, no copy)
         self._bits = stored(self.weight) if is_16bit(self.weight) else None
         self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
-        # beyond WIDE rows a 16-bit weight is widened for MKL (kernels16.candidates), whatever an older plan says
-        self.wide = "widen" if self._bits is not None else self.plan.get(BUCKETS[-1], "nt")
+        self.wide = "widen" if self._bits is not None else self.plan.get(BUCKETS[-1], "nt")  # kernels16.candidates
         with torch.no_grad():
             self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in PACKED}
         # plain attributes for the per-call checks (a Parameter is looked up through Module.__getattr__)
