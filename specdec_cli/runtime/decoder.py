@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from . import attend, fused, kernels
 from .kernels16 import any_order, is_wide
 from .layer_ops import Layer, gemma_norm, llama_norm, norm_weights, rotate
-from .masks import layer_windows, masks_to
+from .masks import CAUSAL, causal_where_plain, layer_windows, masks_to
 from .positions import chain_parents, is_chain
 
 MAX_ROWS = 64
@@ -175,21 +175,6 @@ class Decoder:
         return a.transpose(1, 2).reshape(b, n, heads * hd)
 
 
-CAUSAL = "causal"  # a layer's mask in a prefill from an empty cache: SDPA's own causal rule, no mask tensor
-
-
-def _causal_where_plain(mask, n: int, windows: list[int | None]):
-    """A prefill's masks (one tensor, or a dict per layer type) with :data:`CAUSAL` wherever the mask is the plain
-    causal one: every layer when no window cuts into ``n`` rows, else the full-attention layers. Why: SDPA's CPU
-    kernel skips the blocks above the diagonal only when told ``is_causal`` (a mask tensor makes it compute and
-    mask them): on SmolLM2's 780-token rag prompts, attention is a fifth of the prefill (docs/profiling.md). No row
-    of a prefill is compared with another forward's (``keep=0``), so its order of sums is free, as ``widen``'s is."""
-    plain = all(w is None or n <= w for w in windows)
-    if torch.is_tensor(mask):
-        return CAUSAL if plain else mask
-    return {kind: CAUSAL if plain or kind != "sliding_attention" else m for kind, m in mask.items()}
-
-
 _DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> Decoder, or None: not used
 
 
@@ -240,7 +225,7 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         mask = masks_to(mask, dev, torch.float32 if dec.wide else None)
         keep = keep if chain else None
         if keep == 0 and chain and cache.length == 0:  # a prompt's prefill from an empty cache
-            mask = _causal_where_plain(mask, len(tokens), dec.windows)
+            mask = causal_where_plain(mask, len(tokens), dec.windows)
     with kernels.active(), any_order(keep == 0):
         return dec.forward(cache, ids, pos, mask, keep)
 
