@@ -71,6 +71,23 @@ def test_float32_tiles_give_every_row_the_same_bits_whatever_the_rows_beside_it(
     assert np.allclose(alone, (x.double() @ w.double().T).numpy(), rtol=1e-5, atol=1e-4)
 
 
+def test_a_16bit_prefill_widens_for_mkl_whatever_an_older_plan_says():
+    """Beyond 64 rows (a prefill, whose rows no one compares) a 16-bit weight is widened and multiplied by MKL:
+    the register tiles lost to it by 4-35% there (docs/profiling.md, "16-bit prefills"); a plan measured before
+    that says ``d16x2`` at 256 rows is not followed. A large verification keeps the row-invariant tiles."""
+    assert kernels16.candidates(65) == ("widen",) and kernels16.candidates(780) == ("widen",)
+    linear = torch.nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    fast = kernels.FastLinear(linear, {b: "d16x2" for b in kernels.BUCKETS})
+    assert fast.wide == "widen"
+    x = torch.randn(100, 64)
+    with kernels.active(), kernels16.any_order(True):
+        prefill = fast(x)
+    with kernels.active():
+        verification = fast(x)
+    expected = x @ linear.weight.float().T
+    assert torch.allclose(prefill, expected, atol=1e-4) and torch.allclose(verification, expected, atol=1e-4)
+
+
 def test_attention_gives_a_row_what_it_gives_the_row_alone():
     from specdec_cli.runtime.attend import EVERY_COLUMN, attend
 

@@ -71,6 +71,33 @@ def test_logits_to_keep_and_no_logits(make):
     assert torch.allclose(last[0], stock_forward(model, engine.new_cache(model), [1, 2, 3, 4, 5])[-1], atol=1e-5)
 
 
+@pytest.mark.parametrize("length, causal_layers", [(3, 2), (10, 1)])  # window 4: within it / beyond it
+def test_a_prefill_from_an_empty_cache_takes_sdpa_causal_rule(monkeypatch, length, causal_layers):
+    """A prompt's prefill passes SDPA ``is_causal`` instead of a mask wherever the mask is the plain causal one
+    (every layer within the sliding window, the full-attention layer beyond it); the cache it leaves is the
+    module code's, and a prefill after a cached prefix keeps its mask."""
+    model = tiny_gemma3(vocab=16, window=4)
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        calls.append((kw.get("is_causal", False), kw.get("attn_mask") is None))
+        return sdpa(*args, **kw)
+
+    tokens = [random.Random(length).randrange(16) for _ in range(length)]
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    cache = engine.new_cache(model)
+    engine.forward_chain(model, cache, tokens, keep=0)
+    assert calls.count((True, True)) == causal_layers and len(calls) == 2
+    calls.clear()
+    engine.forward_chain(model, cache, [1, 2], keep=0)  # after a prefix: the tree mask, never the causal rule
+    assert (True, True) not in calls
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    theirs = engine.new_cache(model)
+    stock_forward(model, theirs, tokens + [1, 2])
+    for a, b in zip(cache.layers, theirs.layers):
+        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+
+
 def test_greedy_generation_is_the_same_with_and_without_the_lean_path():
     model = tiny_gemma3(vocab=16)
     prompt = [1, 5, 2, 7, 3, 3, 9]
