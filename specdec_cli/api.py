@@ -158,8 +158,8 @@ def make_drafters(method: str, target: LoadedModel, drafts: list[LoadedModel] = 
     overrides the settings'), sequences keyed by id. A slot holds one sequence's state at a time; what the method
     learns about the run's outputs (``auto``'s memory and calibration, ``aded``'s adapted matrix) and the opened
     stores are made once, by the first slot, and held by every slot. Call its ``finish()`` after the last run
-    (the first slot saves the memory and the matrix then, after the others). It reads as the list of its slots
-    too (``len``, indexing, iteration), as the list this returned before."""
+    (the first slot saves the memory and the matrix then, after the others). Its slots read as the list this
+    returned before did for reading: ``len``, indexing, iteration, ``reversed`` (not ``append`` nor ``+``)."""
     if "count" in values:  # its name before settings.batch_size (kept for callers of the earlier API)
         values["batch_size"] = values.pop("count")
     settings = with_values(settings, values)
@@ -174,6 +174,8 @@ def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: Drafters 
     """Every prompt, up to ``len(drafters)`` decoding together (:mod:`specdec_cli.engine.batch`): one target forward
     per step for the whole batch. ``on_result(index, result)`` as each prompt finishes; results in input order."""
     settings = with_values(settings, values)
+    if not prompts:
+        return []
     drafters = Drafters.of(drafters)
     times, rows = None, min(len(drafters), len(prompts))
     if drafters.slots[0].budget.mode.adaptive and rows > 1:  # priced with measured batch forwards (one row

@@ -289,6 +289,15 @@ def test_one_drafters_object_keys_its_sequences_by_id():
     assert drafters.live == {3: drafters[1], 9: drafters[0]}
     drafters.open(3)  # a new run forgets the sequences an interrupted one left live
     assert drafters.live == {} and drafters.idle == list(drafters)
+    broken = drafters[0]
+    broken.start = lambda *a: 1 / 0
+    with pytest.raises(ZeroDivisionError):  # a sequence that never began leaves its slot idle, first in line
+        drafters.begin(4, [40], greedy, None, None)
+    assert drafters.live == {} and drafters.idle[0] is broken
+    del broken.start
+    assert len(Drafters.of(SlotRecorder(i, log) for i in range(2))) == 2 and len(Drafters.of(Drafter())) == 1
+    with pytest.raises(TypeError, match="not drafters"):
+        Drafters.of([Drafter(), "auto"])
     log.clear()
     drafters.finish()
     assert log == [("finish", 2), ("finish", 1), ("finish", 0)]  # the first slot, which saves what is shared, last

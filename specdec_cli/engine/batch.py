@@ -2,7 +2,7 @@
 one target forward per step (continuous batching).
 
 Each sequence keeps its own draft tree and acceptance, and its drafting state in the run's
-:class:`~specdec_cli.engine.drafters.Drafters` (one object, keyed by sequence; one slot per row); one
+:class:`~specdec_cli.engine.drafters.Drafters` (one object, keyed by sequence; as many slots as rows); one
 :class:`~specdec_cli.runtime.batch_cache.BatchCache` holds every row's keys and values at its own length (a batch
 of one row decodes in the single loop's one-sequence cache instead, static and compiled included: both are a
 :class:`~specdec_cli.runtime.cache.KVCache`, asked the same things). A step:

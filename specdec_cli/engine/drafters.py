@@ -40,10 +40,15 @@ class Drafters:
 
     @classmethod
     def of(cls, drafters: "Drafters | list[Drafter] | Drafter") -> "Drafters":
-        """``drafters`` as a :class:`Drafters`: one drafter is a run of one slot, a list one slot each."""
+        """``drafters`` as a :class:`Drafters`: one drafter is a run of one slot, any other iterable one slot each."""
         if isinstance(drafters, Drafters):
             return drafters
-        return cls(list(drafters) if isinstance(drafters, (list, tuple)) else [drafters])
+        if hasattr(drafters, "propose"):  # one drafter (a Drafter, or any object with its two methods)
+            return cls([drafters])
+        slots = list(drafters)
+        if not all(hasattr(d, "propose") for d in slots):
+            raise TypeError(f"not drafters: {[type(d).__name__ for d in slots if not hasattr(d, 'propose')]}")
+        return cls(slots)
 
     # -- the run ------------------------------------------------------------------------------------------------
 
@@ -59,7 +64,8 @@ class Drafters:
     def open(self, rows: int) -> None:
         """A run decoding up to ``rows`` sequences at once: the first ``rows`` slots, idle, in order (the slot a
         sequence takes is the one idle longest, so a run's assignment does not depend on an earlier run's). The
-        sequences of a run that did not end (an error, a ctrl-c) are forgotten."""
+        sequences of a run that did not end (an error, a ctrl-c) are forgotten: so a run must not open the
+        object another run is still using (no ``api.run`` with a batch's drafters from its ``on_result``)."""
         self.live.clear()
         self.idle = self.slots[:max(1, min(rows, len(self.slots)))]
 
@@ -80,11 +86,16 @@ class Drafters:
         if not self.idle:
             raise ValueError(f"no idle drafter slot for sequence {seq} ({len(self.slots)} slots, all live)")
         slot = self.live[seq] = self.idle.pop(0)
-        if price is not None:
-            slot.budget.profile = price
-        slot.budget.start(sampled=not sampling.greedy)
-        slot.use_target_cache(cache)
-        slot.start(list(prompt), sampling, generator)
+        try:
+            if price is not None:
+                slot.budget.profile = price
+            slot.budget.start(sampled=not sampling.greedy)
+            slot.use_target_cache(cache)
+            slot.start(list(prompt), sampling, generator)
+        except BaseException:  # the sequence never began: its slot is idle again, first in line
+            del self.live[seq]
+            self.idle.insert(0, slot)
+            raise
 
     def budget(self, seq: int) -> Budget:
         return self.live[seq].budget
@@ -104,7 +115,7 @@ class Drafters:
         """Sequence ``seq`` finished: its slot is idle again (after the slots idle longer)."""
         self.idle.append(self.live.pop(seq))
 
-    # -- the slots, as a list (callers of the earlier API got one) -----------------------------------------------
+    # -- the slots, read as a list (callers of the earlier API got one): len, indexing, iteration, reversed ------
 
     def __len__(self) -> int:
         return len(self.slots)

@@ -128,7 +128,7 @@ class Sequence:
         return self.stopped_by == "eos" or len(self.out) >= max_new_tokens
 
     def result(self, now: float, **extra) -> GenerationResult:
-        """The generation's result; the sequence's drafter slot is idle again."""
+        """The generation's result; the sequence's drafter slot is idle again (so this is called once, last)."""
         stats = {**self.drafters.stats(self.index), **extra}
         self.drafters.end(self.index)
         return GenerationResult(self.prompt, self.out, self.steps, self.prefill_s, now - self.t_start,

@@ -165,7 +165,8 @@ class Decoder:
             return attend.attention(q, cache_layer, past, mask, self.scale).view(1, n, heads * hd)
         k, v = cache_layer.update(k, v)
         causal = mask is CAUSAL
-        assert not causal or k.shape[-2] == n, "a causal prefill starts from an empty cache"
+        if causal and k.shape[-2] != n:
+            raise RuntimeError("a causal prefill starts from an empty cache")
         mask = None if causal else mask
         if heads > kv_heads:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, is_causal=causal,
