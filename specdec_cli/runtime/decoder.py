@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from . import attend, fused, kernels
 from .kernels16 import any_order, is_wide
 from .layer_ops import Layer, gemma_norm, llama_norm, norm_weights, rotate
-from .masks import CAUSAL, causal_where_plain, layer_windows, masks_to
+from .masks import CAUSAL, causal_full_layers, layer_windows, masks_to, plain_causal
 from .positions import chain_parents, is_chain
 
 MAX_ROWS = 64
@@ -221,12 +221,15 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         mask, pos = None, torch.tensor([cache.length], device=dev)
     else:
         chain = parents is None or is_chain(parents)
-        mask, pos = cache.tree_inputs(model, chain_parents(len(tokens) - 1) if chain else parents)
-        pos = pos[0].to(dev)
-        mask = masks_to(mask, dev, torch.float32 if dec.wide else None)
         keep = keep if chain else None
-        if keep == 0 and chain and cache.length == 0:  # a prompt's prefill from an empty cache
-            mask = causal_where_plain(mask, len(tokens), dec.windows)
+        prefill = keep == 0 and chain and cache.length == 0  # a prompt's prefill from an empty cache
+        if prefill and plain_causal(len(tokens), dec.windows):  # SDPA's own rule in every layer: no mask to build
+            mask, pos = CAUSAL, torch.arange(len(tokens), device=dev)
+        else:
+            mask, pos = cache.tree_inputs(model, chain_parents(len(tokens) - 1) if chain else parents)
+            pos = pos[0].to(dev)
+            mask = masks_to(mask, dev, torch.float32 if dec.wide else None)
+            mask = causal_full_layers(mask) if prefill else mask
     with kernels.active(), any_order(keep == 0):
         return dec.forward(cache, ids, pos, mask, keep)
 

@@ -77,14 +77,19 @@ def batch_mask(starts: torch.Tensor, anc: torch.Tensor, q_pos: torch.Tensor, end
 CAUSAL = "causal"  # a layer's mask in a prefill from an empty cache: SDPA's own causal rule, no mask tensor
 
 
-def causal_where_plain(mask, n: int, windows: list[int | None]):
-    """A prefill's masks (one tensor, or a dict per layer type) with :data:`CAUSAL` wherever the mask is the plain
-    causal one: every layer when no window cuts into ``n`` rows, else the full-attention layers. Why: SDPA's CPU
-    kernel skips the blocks above the diagonal only when told ``is_causal`` (a mask tensor makes it compute and
-    mask them): on SmolLM2's 780-token rag prompts, attention is a fifth of the prefill (docs/profiling.md,
-    "16-bit prefills"). No row of a prefill is compared with another forward's (``keep=0``), so its order of sums
-    is free, as ``widen``'s is."""
-    plain = all(w is None or n <= w for w in windows)
-    if torch.is_tensor(mask):
-        return CAUSAL if plain else mask
-    return {kind: CAUSAL if plain or kind != "sliding_attention" else m for kind, m in mask.items()}
+def plain_causal(n: int, windows: list[int | None]) -> bool:
+    """Whether a prefill of ``n`` rows from an empty cache sees, in every layer, exactly the causal rule (no
+    sliding window cuts into it): then it passes SDPA ``is_causal`` and no mask is built. Why: SDPA's CPU kernel
+    skips the blocks above the diagonal only when told ``is_causal`` (a mask tensor makes it compute and mask
+    them): on SmolLM2's 780-token rag prompts, attention is a fifth of the prefill (docs/profiling.md, "16-bit
+    prefills"). No row of a prefill is compared with another forward's (``keep=0``), so its order of sums is
+    free, as ``widen``'s is."""
+    return all(w is None or n <= w for w in windows)
+
+
+def causal_full_layers(mask):
+    """A prefill's masks from an empty cache where windows cut into the prompt (one tensor, or a dict per layer
+    type): the full-attention layers take :data:`CAUSAL`, the sliding ones keep their masks."""
+    if torch.is_tensor(mask):  # every layer slides
+        return mask
+    return {kind: m if kind == "sliding_attention" else CAUSAL for kind, m in mask.items()}
