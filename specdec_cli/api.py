@@ -21,6 +21,7 @@ from dataclasses import replace
 from .runtime import profile
 from .runtime import decoder, kernels
 from .runtime.dot import warm_up
+from .runtime.kernels16 import widen_prefills
 from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
@@ -53,19 +54,24 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
          kernel_mode: str = "auto") -> tuple[LoadedModel, list[LoadedModel]]:
     """The target and its drafts. ``kernel_mode="auto"`` swaps the float32 CPU linear layers of the target and of
     drafts that are models of their own for :mod:`specdec_cli.runtime.kernels`' measured ones (after the
-    ``int8:``/``bf16:`` copies are made from the target); ``"torch"`` keeps PyTorch's."""
-    if kernel_mode not in ("auto", "torch"):
-        raise SpecdecError(f"--kernels must be auto or torch, got {kernel_mode!r}")
-    warming = warm_up() if kernel_mode == "auto" else None
+    ``int8:``/``bf16:`` copies are made from the target); ``"exact"`` does too, but a 16-bit prefill keeps its rows
+    in float32 (:func:`specdec_cli.runtime.kernels16.widen_prefills`); ``"torch"`` keeps PyTorch's."""
+    if kernel_mode not in ("auto", "exact", "torch"):
+        raise SpecdecError(f"--kernels must be auto, exact or torch, got {kernel_mode!r}")
+    tuned = kernel_mode != "torch"
+    warming = warm_up() if tuned else None
     target = load_model(model, dtype, device)
     loaded = [load_draft(d, target, dtype, device) for d in drafts]
     if warming is not None:
         warming.join()
-    if kernel_mode == "auto":
+    if tuned:
         target.info["kernels"] = kernels.install(target.model, progress=note)
         for draft in loaded:  # a draft model of its own (not a copy of the target) is a float model like it
             if not draft.info.get("copy_of_target"):
                 draft.info["kernels"] = kernels.install(draft.model, progress=note)
+        if kernel_mode == "exact":
+            for m in (target, *loaded):
+                widen_prefills(m.model)
     else:  # PyTorch's kernels and transformers' own module code, as they come
         for m in (target, *loaded):
             decoder.disable(m.model)

@@ -71,21 +71,50 @@ def test_float32_tiles_give_every_row_the_same_bits_whatever_the_rows_beside_it(
     assert np.allclose(alone, (x.double() @ w.double().T).numpy(), rtol=1e-5, atol=1e-4)
 
 
-def test_a_16bit_prefill_widens_for_mkl_whatever_an_older_plan_says():
-    """Beyond 64 rows (a prefill, whose rows no one compares) a 16-bit weight is widened and multiplied by MKL:
-    the register tiles lost to it by 4-35% there (docs/profiling.md, "16-bit prefills"); a plan measured before
-    that says ``d16x2`` at 256 rows is not followed. A large verification keeps the row-invariant tiles."""
-    assert kernels16.candidates(65) == ("widen",) and kernels16.candidates(780) == ("widen",)
-    linear = torch.nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("strategy", kernels16.ANY_ORDER_ONLY)
+def test_a_16bit_prefill_takes_the_measured_strategy_and_a_verification_keeps_the_tiles(dtype, strategy,
+                                                                                         monkeypatch):
+    """Beyond 64 rows a forward whose rows no one compares (a prefill) takes :func:`kernels16.prefill_strategy`'s
+    choice, whatever an older plan says (``d16x2`` at 256 rows here): ``widen`` (the weight widened for MKL) or
+    ``native`` (the rows rounded for PyTorch's own 16-bit product: AMX-BF16 on this project's CPU). The same rows
+    verified keep the register tiles: each row's bits are its one-row forward's."""
+    monkeypatch.setitem(kernels16._PREFILL, dtype, strategy)
+    linear = torch.nn.Linear(64, 48, bias=False).to(dtype)
     fast = kernels.FastLinear(linear, {b: "d16x2" for b in kernels.BUCKETS})
-    assert fast.wide == "widen"
+    assert fast.wide == strategy
     x = torch.randn(100, 64)
     with kernels.active(), kernels16.any_order(True):
         prefill = fast(x)
     with kernels.active():
         verification = fast(x)
-    expected = x @ linear.weight.float().T
-    assert torch.allclose(prefill, expected, atol=1e-4) and torch.allclose(verification, expected, atol=1e-4)
+        alone = torch.cat([fast(x[i: i + 1]) for i in range(len(x))])
+    assert torch.equal(verification, alone)
+    widened = x @ linear.weight.float().T
+    assert torch.allclose(verification, widened, atol=1e-4)
+    if strategy == "widen":
+        assert torch.allclose(prefill, widened, atol=1e-4)
+    else:  # the rows rounded to 16 bits, the sums in float32, the result rounded once
+        assert torch.allclose(prefill, x.to(dtype).float() @ linear.weight.float().T, rtol=1e-2, atol=1e-2)
+
+
+def test_the_prefill_strategy_is_native_only_when_clearly_faster(monkeypatch):
+    """``native`` replaces ``widen`` only when :data:`kernels16.NATIVE_GAIN` times faster (timed once per dtype and
+    process): a CPU without a 16-bit matrix unit keeps ``widen``. The clock here is the fake products' cost."""
+    clock, cost, calls = [0.0], {}, []
+
+    def product(strategy, x2, weight, bits):
+        calls.append(strategy)
+        clock[0] += cost[strategy]
+
+    monkeypatch.setattr(kernels16, "apply16", product)
+    monkeypatch.setattr(kernels16.time, "perf_counter", lambda: clock[0])
+    for widen, native, expected in ((4.0, 1.0, "native"), (1.4, 1.0, "widen"), (1.0, 3.0, "widen")):
+        monkeypatch.setattr(kernels16, "_PREFILL", {})
+        cost.update(widen=widen, native=native)
+        assert kernels16.prefill_strategy(torch.bfloat16) == expected
+        done = len(calls)
+        assert kernels16.prefill_strategy(torch.bfloat16) == expected and len(calls) == done  # measured once
 
 
 def test_attention_gives_a_row_what_it_gives_the_row_alone():
@@ -149,7 +178,9 @@ def test_a_wide_models_rows_are_its_one_row_forwards_bit_for_bit(make, dtype, mo
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_wide_model_is_the_float32_model_with_16bit_weights(make, dtype, monkeypatch, tmp_path):
     """Logits close to the float32 model's with the same (rounded) weights, through a prefill longer than 64 rows
-    (the tensor path) and then decoding steps (the compiled path), with float32 keys and values cached."""
+    (the tensor path, its products widened: ``native`` rounds the prompt's rows, below) and then decoding steps
+    (the compiled path), with float32 keys and values cached."""
+    monkeypatch.setitem(kernels16._PREFILL, dtype, "widen")
     model = wide(make, dtype, monkeypatch, tmp_path)
     reference = make(vocab=16)
     reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
@@ -160,6 +191,42 @@ def test_a_wide_model_is_the_float32_model_with_16bit_weights(make, dtype, monke
     want = engine.forward_chain(reference, engine.new_cache(reference), tokens)[80:]
     assert cache.layers[0].keys.dtype == torch.float32
     assert torch.allclose(steps, want, atol=1e-4)
+
+
+def test_kernels_exact_widens_every_prefill(monkeypatch, tmp_path):
+    """``--kernels exact`` (``kernels16.widen_prefills``): a 16-bit model whose prefills would take ``native`` widens
+    them instead, so its prompt's keys and values are the float32 model's with 16-bit weights."""
+    monkeypatch.setitem(kernels16._PREFILL, torch.bfloat16, "native")
+    model = wide(tiny_llama, torch.bfloat16, monkeypatch, tmp_path)
+    fast = [m for m in model.modules() if isinstance(m, kernels.FastLinear)]
+    assert fast and all(m.wide == "native" for m in fast)
+    kernels16.widen_prefills(model)
+    assert all(m.wide == "widen" for m in fast)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_a_native_prefill_keeps_every_draft_equal_to_ar(make, monkeypatch, tmp_path):
+    """A prompt of more than 64 rows prefilled by the 16-bit product (``native``: its rows rounded to bfloat16):
+    the prefill is the model's, taken alike whatever drafts follow, so random draft trees still give ``ar``'s
+    tokens, and the decoding steps' logits stay near the float32 model's."""
+    from test_batch import RandomTrees
+
+    monkeypatch.setitem(kernels16._PREFILL, torch.bfloat16, "native")
+    taken = []
+    monkeypatch.setattr(kernels, "apply16", lambda s, *a: taken.append(s) or kernels16.apply16(s, *a))
+    model = wide(make, torch.bfloat16, monkeypatch, tmp_path)
+    prompt = [random.Random(2).randrange(16) for _ in range(90)]
+    expected = generate(model, prompt, Drafter(), max_new_tokens=NEW_TOKENS).tokens
+    assert "native" in taken
+    got = generate(model, prompt, RandomTrees(), max_new_tokens=NEW_TOKENS)
+    assert got.tokens == expected and any(s.drafted for s in got.steps)
+    reference = make(vocab=16)
+    reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    cache = engine.new_cache(model)
+    engine.forward_chain(model, cache, prompt[:80], keep=0)
+    steps = torch.cat([engine.forward_chain(model, cache, [t]) for t in prompt[80:]])
+    want = engine.forward_chain(reference, engine.new_cache(reference), prompt)[80:]
+    assert torch.allclose(steps, want, atol=5e-2)
 
 
 def test_kernels_torch_keeps_a_16bit_model_as_transformers_runs_it(monkeypatch, tmp_path):

@@ -30,7 +30,7 @@ class BenchConfig:
     device: str = "auto"
     datastore: list[str] = field(default_factory=list)  # DIR (every method) or METHOD=DIR, e.g. rest=ds/sa
     options: dict[str, str] = field(default_factory=dict)
-    kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned) or torch
+    kernels: str = "auto"  # the target's CPU linear kernels: auto (tuned), exact or torch (api.load)
     compile: str = "auto"  # static cache + compiled forwards: auto (on for CUDA), on, off, static (runtime.cache_mode)
     engine: str = "specdec"  # the run's engine and its baseline (bench.engines): specdec (ar) or vllm (vllm)
     vllm: dict = field(default_factory=dict)  # vLLM's placement and proposer settings (bench.engines.vllm_options)

@@ -46,7 +46,7 @@ from ..io.atomic import write_cache
 from ..io.jsonl import read_json
 from .dot import dot_rows_threads
 from .jit import COMPILED
-from .kernels16 import FORMATS, apply16, is_16bit, stored, tune_shape16
+from .kernels16 import FORMATS, apply16, is_16bit, prefill_strategy, stored, tune_shape16
 from .machine import available_bytes, cpu_name
 
 # "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
@@ -123,7 +123,7 @@ class FastLinear(torch.nn.Module):
         # 16-bit weights: float32 rows through kernels16 (``_bits``: the weight's bits as uint16, no copy)
         self._bits = stored(self.weight) if is_16bit(self.weight) else None
         self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
-        self.wide = "widen" if self._bits is not None else self.plan.get(BUCKETS[-1], "nt")  # kernels16.candidates
+        self.wide = prefill_strategy(linear.weight.dtype) if self._bits is not None else self.plan.get(BUCKETS[-1], "nt")
         with torch.no_grad():
             self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in PACKED}
         # plain attributes for the per-call checks (a Parameter is looked up through Module.__getattr__)

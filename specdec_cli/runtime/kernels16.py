@@ -11,7 +11,13 @@ strategies:
   fixed summation order), so the plan picks between them by speed alone and a verified row's result is a one-row
   forward's. Every forward of up to :data:`INVARIANT_ROWS` rows (decoding, verification, draft steps) takes one;
 * ``widen`` -- only for longer forwards (prefills, where no row is compared with a one-row result): the weight
-  widened to float32 a slice at a time (:data:`SLICE_BYTES`) and multiplied by MKL, which is compute-bound there.
+  widened to float32 a slice at a time (:data:`SLICE_BYTES`) and multiplied by MKL, which is compute-bound there;
+* ``native`` -- the same forwards as ``widen``, on a CPU with a 16-bit matrix unit: the rows rounded to the
+  weight's format and multiplied by PyTorch's own 16-bit product (oneDNN; Intel's AMX-BF16 here), the result
+  widened back. It replaces ``widen`` where :func:`prefill_strategy` measures it :data:`NATIVE_GAIN` times faster.
+  Only the prompt's keys and values see the rounded rows, and every method prefills alike, so every method still
+  equals ``ar`` at the same dtype; how often the 16-bit output equals the float32 one is measured in
+  docs/profiling.md ("16-bit prefills on the matrix unit").
 """
 
 from __future__ import annotations
@@ -29,8 +35,14 @@ from .jit import COMPILED
 FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"} if COMPILED else {}
 INVARIANT_ROWS = 64  # decoder.MAX_ROWS: every forward the engine compares rows of (see the module doc)
 BLOCKED = {"d16x1": 1, "d16x2": 2}
-STRATEGIES16 = (*BLOCKED, "widen")
+STRATEGIES16 = (*BLOCKED, "widen", "native")
+ANY_ORDER_ONLY = ("widen", "native")  # strategies whose rows need not match a one-row forward's bits
 SLICE_BYTES = 8 << 20  # float32 weight rows widened at a time by "widen": a slice stays in this CPU's L3 (32 MB)
+# "native" must beat "widen" by this much to replace it: with AMX-BF16 (docs/profiling.md) bfloat16 is 3.5-4.8x
+# faster on SmolLM2's shapes; float16 there has no matrix unit and is 0.9-1.1x, and so small a lead would not pay
+# for rounding the rows to 16 bits
+NATIVE_GAIN = 1.5
+_PREFILL: dict[torch.dtype, str] = {}  # dtype -> prefill_strategy's measured choice, once per process
 
 
 _ANY_ORDER = [False]  # inside any_order(True): a forward whose rows no one compares (a prefill)
@@ -65,8 +77,10 @@ def stored(weight: torch.Tensor) -> np.ndarray:
 
 def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
     """``x2 @ widen(weight).T`` in float32 (``x2``: contiguous float32 ``[n, in]``)."""
-    if strategy == "widen" and not _ANY_ORDER[0]:
+    if strategy in ANY_ORDER_ONLY and not _ANY_ORDER[0]:
         strategy = "d16x2"
+    if strategy == "native":
+        return F.linear(x2.to(weight.dtype), weight).float()
     block = BLOCKED.get(strategy)
     if block is not None:
         y = torch.empty((x2.shape[0], bits.shape[0]), dtype=torch.float32)
@@ -76,6 +90,35 @@ def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndar
     if rows >= weight.shape[0]:  # one slice: no concatenation (a copy of the whole output)
         return F.linear(x2, weight.float())
     return torch.cat([F.linear(x2, weight[i: i + rows].float()) for i in range(0, weight.shape[0], rows)], dim=1)
+
+
+@torch.inference_mode()
+def prefill_strategy(dtype: torch.dtype) -> str:
+    """``native`` or ``widen``: the faster product of a 16-bit prefill on this CPU, measured once per dtype and
+    process on one SmolLM2-sized product (256 rows, 1536x576: a millisecond or two either way, where PyTorch has
+    no fast 16-bit product some tens of milliseconds)."""
+    hit = _PREFILL.get(dtype)
+    if hit is None:
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(256, 576, generator=gen), torch.randn(1536, 576, generator=gen).to(dtype)
+        bits, best = stored(w), {}
+        with any_order(True):
+            for rep in range(3):  # the first round warms up (oneDNN builds its kernel on the first call)
+                for s in ANY_ORDER_ONLY:
+                    t0 = time.perf_counter()
+                    apply16(s, x, w, bits)
+                    if rep:
+                        best[s] = min(best.get(s, float("inf")), time.perf_counter() - t0)
+        hit = _PREFILL[dtype] = "native" if best["widen"] >= NATIVE_GAIN * best["native"] else "widen"
+    return hit
+
+
+def widen_prefills(model) -> None:
+    """``--kernels exact``: every 16-bit linear layer of ``model`` widens its prefills (never ``native``), so the
+    model is the float32 one with 16-bit weights bit for bit, the prompt's keys and values included."""
+    for m in model.modules():
+        if getattr(m, "_bits", None) is not None:
+            m.wide = "widen"
 
 
 def candidates(n: int) -> tuple[str, ...]:
