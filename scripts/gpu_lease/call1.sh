@@ -1,4 +1,4 @@
-# Call 1 (carry .whl .gguf): the wheels, the model's first part; the tiny-model GPU tests start in a process session
+# Call 1 (carry .whl .gguf/a .gguf/name): the wheels, the model's first part; the tiny-model GPU tests start in a process session
 # of their own, so they run on while call 2's part travels. Log: /tmp/keep/tiny.txt (call 2 returns it).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 mkdir -p /tmp/keep && cp .gguf/a .gguf/name /tmp/keep/ || exit 1

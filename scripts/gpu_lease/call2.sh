@@ -1,4 +1,4 @@
-# Call 2 (carry .gguf): the model's second part; SmolLM2's GPU tests, then the compiled bench. Cold, one model's
+# Call 2 (carry .gguf/b): the model's second part; SmolLM2's GPU tests, then the compiled bench. Cold, one model's
 # 8 buckets compile in about two minutes on the H200 machine (docs/gpu.md, third run): give the tests room.
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site:/tmp/repo
 W=/tmp/keep/$(cat /tmp/keep/name)
