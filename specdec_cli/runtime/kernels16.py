@@ -2,7 +2,7 @@
 weights kept as stored, float32 activations in and out.
 
 A 16-bit target (``--dtype bfloat16|float16`` on the CPU) is, for specdec, the float32 model with every weight
-rounded to 16 bits: the lean forward (:mod:`specdec_cli.runtime.decoder`) keeps its activations, norms, rotary
+rounded to 16 bits (a prompt's prefill excepted where it takes ``native``, below): the lean forward (:mod:`specdec_cli.runtime.decoder`) keeps its activations, norms, rotary
 tables, attention and KV cache in float32, and every linear layer computes ``x @ widen(W).T`` in float32. Its
 strategies:
 
@@ -12,9 +12,9 @@ strategies:
   forward's. Every forward of up to :data:`INVARIANT_ROWS` rows (decoding, verification, draft steps) takes one;
 * ``widen`` -- only for longer forwards (prefills, where no row is compared with a one-row result): the weight
   widened to float32 a slice at a time (:data:`SLICE_BYTES`) and multiplied by MKL, which is compute-bound there;
-* ``native`` -- the same forwards as ``widen``, on a CPU with a 16-bit matrix unit: the rows rounded to the
-  weight's format and multiplied by PyTorch's own 16-bit product (oneDNN; Intel's AMX-BF16 here), the result
-  widened back. It replaces ``widen`` where :func:`prefill_strategy` measures it :data:`NATIVE_GAIN` times faster.
+* ``native`` -- the same forwards as ``widen``, on a CPU with a bfloat16 matrix unit: the rows rounded to
+  bfloat16 and multiplied by PyTorch's own bfloat16 product (oneDNN; Intel's AMX-BF16 here), whose float32 sums
+  are rounded to bfloat16 once and widened back. float16 always widens (its range would turn large rows to inf). It replaces ``widen`` where :func:`prefill_strategy` measures it :data:`NATIVE_GAIN` times faster.
   Only the prompt's keys and values see the rounded rows, and every method prefills alike, so every method still
   equals ``ar`` at the same dtype; how often the 16-bit output equals the float32 one is measured in
   docs/profiling.md ("16-bit prefills on the matrix unit").
@@ -98,6 +98,8 @@ def prefill_strategy(dtype: torch.dtype) -> str:
     process on one SmolLM2-sized product (256 rows, 1536x576: a millisecond or two either way, where PyTorch has
     no fast 16-bit product some tens of milliseconds)."""
     hit = _PREFILL.get(dtype)
+    if hit is None and dtype != torch.bfloat16:  # float16 rows beyond 65504 would round to inf: float16 widens
+        hit = _PREFILL[dtype] = "widen"
     if hit is None:
         gen = torch.Generator().manual_seed(0)
         x, w = torch.randn(256, 576, generator=gen), torch.randn(1536, 576, generator=gen).to(dtype)
