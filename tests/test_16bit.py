@@ -351,3 +351,11 @@ def test_a_16bit_target_loads_its_own_16bit_copy_of_the_conversion(smollm2):
     assert gguf.cache_dir(gguf.source_gguf(str(folder)), "bfloat16") == folder
     for (name, mine), (_, theirs) in zip(target.model.state_dict().items(), smollm2.model.state_dict().items()):
         assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs.to(torch.bfloat16)), name
+
+
+def test_bench_records_name_the_prefill_strategy_measured(monkeypatch):
+    """A bench record's machine says which 16-bit prefill this process measured (the outputs depend on it)."""
+    from specdec_cli.bench.records import machine_info
+
+    monkeypatch.setattr(kernels16, "_PREFILL", {torch.bfloat16: "native"})
+    assert machine_info()["prefill16"] == {"bfloat16": "native"}

@@ -45,7 +45,17 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "transformers": package_version("transformers"),
         "specdec": package_version("specdec"),
+        "prefill16": prefill16(),
     }
+
+
+def prefill16() -> dict:
+    """The 16-bit prefill strategy this process measured per dtype (``runtime.kernels16.prefill_strategy``: a
+    bfloat16 prompt's rows rounded for the CPU's matrix unit, ``native``, or kept float32, ``widen``); empty when
+    no 16-bit model ran. ``--kernels exact`` (the record's config) widens whatever was measured."""
+    from ..runtime import kernels16
+
+    return {str(dtype).removeprefix("torch."): s for dtype, s in kernels16._PREFILL.items()}
 
 
 def git_commit() -> str | None:
