@@ -6,6 +6,7 @@ import datetime as _dt
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -52,10 +53,11 @@ def machine_info() -> dict:
 def prefill16() -> dict:
     """The 16-bit prefill strategy this process measured per dtype (``runtime.kernels16.prefill_strategy``: a
     bfloat16 prompt's rows rounded for the CPU's matrix unit, ``native``, or kept float32, ``widen``); empty when
-    no 16-bit model ran. ``--kernels exact`` (the record's config) widens whatever was measured."""
-    from ..runtime import kernels16
-
-    return {str(dtype).removeprefix("torch."): s for dtype, s in kernels16._PREFILL.items()}
+    no 16-bit model ran (then the module need not even be imported). ``--kernels exact`` (the record's config)
+    widens whatever was measured."""
+    kernels16 = sys.modules.get("specdec_cli.runtime.kernels16")
+    measured = kernels16._PREFILL if kernels16 is not None else {}
+    return {str(dtype).removeprefix("torch."): s for dtype, s in measured.items()}
 
 
 def git_commit() -> str | None:

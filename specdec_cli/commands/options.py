@@ -40,9 +40,9 @@ THREADS = typer.Option(None, "--threads", help="torch CPU threads, from 1 to the
                        "(default: torch's choice)")
 BUDGET = typer.Option("auto", "--budget", help=BUDGET_HELP)
 KERNELS = typer.Option("auto", "--kernels", help="CPU linear kernels of the target and of drafts that are models of "
-                       "their own: auto (measured per row count, cached), exact (auto, but a 16-bit prompt's rows are never rounded to "
-                       "16 bits for a faster prefill: the float32 model with 16-bit weights, bit for bit) or torch "
-                       "(PyTorch's own)")
+                       "their own: auto (measured per row count, cached), exact (auto, but a 16-bit prompt's rows "
+                       "are never rounded to 16 bits for a faster prefill: the float32 model with 16-bit weights, "
+                       "bit for bit) or torch (PyTorch's own)")
 COMPILE = typer.Option("auto", "--compile", help="static KV cache and compiled forwards (CUDA graphs on a GPU): auto "
                        "(on for CUDA, off on the CPU, where it measured slower), on, off, or static (the static cache "
                        "without compiling)")

@@ -2,8 +2,9 @@
 weights kept as stored, float32 activations in and out.
 
 A 16-bit target (``--dtype bfloat16|float16`` on the CPU) is, for specdec, the float32 model with every weight
-rounded to 16 bits (a prompt's prefill excepted where it takes ``native``, below): the lean forward (:mod:`specdec_cli.runtime.decoder`) keeps its activations, norms, rotary
-tables, attention and KV cache in float32, and every linear layer computes ``x @ widen(W).T`` in float32. Its
+rounded to 16 bits (a prompt's prefill excepted where it takes ``native``, below): the lean forward
+(:mod:`specdec_cli.runtime.decoder`) keeps its activations, norms, rotary tables, attention and KV cache in
+float32, and every linear layer computes ``x @ widen(W).T`` in float32. Its
 strategies:
 
 * ``d16x1``, ``d16x2`` -- :mod:`specdec_cli.runtime.tiles`' register tiles over one row or a pair of rows at a
@@ -14,7 +15,8 @@ strategies:
   widened to float32 a slice at a time (:data:`SLICE_BYTES`) and multiplied by MKL, which is compute-bound there;
 * ``native`` -- the same forwards as ``widen``, on a CPU with a bfloat16 matrix unit: the rows rounded to
   bfloat16 and multiplied by PyTorch's own bfloat16 product (oneDNN; Intel's AMX-BF16 here), whose float32 sums
-  are rounded to bfloat16 once and widened back. float16 always widens (its range would turn large rows to inf). It replaces ``widen`` where :func:`prefill_strategy` measures it :data:`NATIVE_GAIN` times faster.
+  are rounded to bfloat16 once and widened back. float16 always widens (its range would turn large rows to inf).
+  It replaces ``widen`` where :func:`prefill_strategy` measures it :data:`NATIVE_GAIN` times faster.
   Only the prompt's keys and values see the rounded rows, and every method prefills alike, so every method still
   equals ``ar`` at the same dtype; how often the 16-bit output equals the float32 one is measured in
   docs/profiling.md ("16-bit prefills on the matrix unit").
@@ -39,8 +41,8 @@ STRATEGIES16 = (*BLOCKED, "widen", "native")
 ANY_ORDER_ONLY = ("widen", "native")  # strategies whose rows need not match a one-row forward's bits
 SLICE_BYTES = 8 << 20  # float32 weight rows widened at a time by "widen": a slice stays in this CPU's L3 (32 MB)
 # "native" must beat "widen" by this much to replace it: with AMX-BF16 (docs/profiling.md) bfloat16 is 3.5-4.8x
-# faster on SmolLM2's shapes; float16 there has no matrix unit and is 0.9-1.1x, and so small a lead would not pay
-# for rounding the rows to 16 bits
+# faster on SmolLM2's shapes; a CPU without a bfloat16 matrix unit gains far less, and so small a lead would not
+# pay for rounding the rows to 16 bits (float16, 0.9-1.1x there, is never measured: prefill_strategy)
 NATIVE_GAIN = 1.5
 _PREFILL: dict[torch.dtype, str] = {}  # dtype -> prefill_strategy's measured choice, once per process
 
@@ -94,8 +96,8 @@ def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndar
 
 @torch.inference_mode()
 def prefill_strategy(dtype: torch.dtype) -> str:
-    """``native`` or ``widen``: the faster product of a 16-bit prefill on this CPU, measured once per dtype and
-    process on one SmolLM2-sized product (256 rows, 1536x576: a millisecond or two either way, where PyTorch has
+    """``native`` or ``widen``: the faster product of a bfloat16 prefill on this CPU (float16: ``widen``),
+    measured once per process on one SmolLM2-sized product (256 rows, 1536x576: a millisecond or two either way, where PyTorch has
     no fast 16-bit product some tens of milliseconds)."""
     hit = _PREFILL.get(dtype)
     if hit is None and dtype != torch.bfloat16:  # float16 rows beyond 65504 would round to inf: float16 widens
@@ -103,14 +105,8 @@ def prefill_strategy(dtype: torch.dtype) -> str:
     if hit is None:
         gen = torch.Generator().manual_seed(0)
         x, w = torch.randn(256, 576, generator=gen), torch.randn(1536, 576, generator=gen).to(dtype)
-        bits, best = stored(w), {}
-        with any_order(True):
-            for rep in range(3):  # the first round warms up (oneDNN builds its kernel on the first call)
-                for s in ANY_ORDER_ONLY:
-                    t0 = time.perf_counter()
-                    apply16(s, x, w, bits)
-                    if rep:
-                        best[s] = min(best.get(s, float("inf")), time.perf_counter() - t0)
+        with any_order(True):  # oneDNN builds its kernel on the first call: _fastest's warm-up round
+            best = _fastest(ANY_ORDER_ONLY, x, [w], [stored(w)], reps=2)
         hit = _PREFILL[dtype] = "native" if best["widen"] >= NATIVE_GAIN * best["native"] else "widen"
     return hit
 
@@ -153,13 +149,21 @@ def tune_shape16(weights: list[torch.Tensor], buckets, tune_bytes: int, reps: in
             continue
         x = torch.randn(n, in_features)
         subset = max(len(weights) // 4, 1) if n >= 16 else len(weights)  # compute-bound: a quarter is plenty
-        best = {s: float("inf") for s in these}
-        for rep in range(reps + 1):  # the first round warms up
-            for s in these:
-                t0 = time.perf_counter()
-                for w, b in zip(weights[:subset], bits[:subset]):
-                    apply16(s, x, w, b)
-                if rep:
-                    best[s] = min(best[s], time.perf_counter() - t0)
+        best = _fastest(these, x, weights[:subset], bits[:subset], reps)
         plan[n] = min(best, key=best.get)
     return plan
+
+
+def _fastest(strategies, x: torch.Tensor, weights: list[torch.Tensor], bits: list[np.ndarray],
+             reps: int) -> dict[str, float]:
+    """strategy -> the least seconds of ``reps`` rounds of ``x`` times every weight, timed round-robin (each round
+    runs every strategy once, so a slower moment of the machine falls on all of them); one round first warms up."""
+    best = {s: float("inf") for s in strategies}
+    for rep in range(reps + 1):
+        for s in strategies:
+            t0 = time.perf_counter()
+            for w, b in zip(weights, bits):
+                apply16(s, x, w, b)
+            if rep:
+                best[s] = min(best[s], time.perf_counter() - t0)
+    return best
