@@ -22,7 +22,7 @@ from .runtime import profile
 from .runtime import decoder, kernels
 from .runtime.dot import warm_up
 from .runtime.kernels16 import widen_prefills
-from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig
+from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig, check_placement
 from .engine.budget import Budget
 from .runtime.cache_mode import CacheMode, resolve
 from .engine.loop import Drafter, GenerationResult, generate
@@ -56,8 +56,7 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
     drafts that are models of their own for :mod:`specdec_cli.runtime.kernels`' measured ones (after the
     ``int8:``/``bf16:`` copies are made from the target); ``"exact"`` does too, but a 16-bit prefill keeps its rows
     in float32 (:func:`specdec_cli.runtime.kernels16.widen_prefills`); ``"torch"`` keeps PyTorch's."""
-    if kernel_mode not in ("auto", "exact", "torch"):
-        raise SpecdecError(f"--kernels must be auto, exact or torch, got {kernel_mode!r}")
+    check_placement(dtype, kernel_mode)
     tuned = kernel_mode != "torch"
     warming = warm_up() if tuned else None
     target = load_model(model, dtype, device)

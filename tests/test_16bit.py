@@ -5,6 +5,7 @@ target's law, and the model is the float32 one with 16-bit weights."""
 from __future__ import annotations
 
 import random
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +80,7 @@ def test_a_16bit_prefill_takes_the_measured_strategy_and_a_verification_keeps_th
     choice, whatever an older plan says (``d16x2`` at 256 rows here): ``widen`` (the weight widened for MKL) or
     ``native`` (the rows rounded for PyTorch's own 16-bit product: AMX-BF16 on this project's CPU). The same rows
     verified keep the register tiles: each row's bits are its one-row forward's."""
-    monkeypatch.setitem(kernels16._PREFILL, dtype, strategy)
+    monkeypatch.setitem(kernels16._PREFILL, kernels16.prefill_key(dtype), strategy)
     linear = torch.nn.Linear(64, 48, bias=False).to(dtype)
     fast = kernels.FastLinear(linear, {b: "d16x2" for b in kernels.BUCKETS})
     assert fast.wide == strategy
@@ -99,8 +100,8 @@ def test_a_16bit_prefill_takes_the_measured_strategy_and_a_verification_keeps_th
 
 
 def test_the_prefill_strategy_is_native_only_when_clearly_faster(monkeypatch):
-    """``native`` replaces ``widen`` only when :data:`kernels16.NATIVE_GAIN` times faster (timed once per dtype and
-    process): a CPU without a 16-bit matrix unit keeps ``widen``. The clock here is the fake products' cost."""
+    """``native`` replaces ``widen`` only when :data:`kernels16.NATIVE_GAIN` times faster (timed once per dtype,
+    thread count and process): a CPU without a 16-bit matrix unit keeps ``widen``. The clock here is the fake products' cost."""
     clock, cost, calls = [0.0], {}, []
 
     def product(strategy, x2, weight, bits):
@@ -115,6 +116,11 @@ def test_the_prefill_strategy_is_native_only_when_clearly_faster(monkeypatch):
         assert kernels16.prefill_strategy(torch.bfloat16) == expected
         done = len(calls)
         assert kernels16.prefill_strategy(torch.bfloat16) == expected and len(calls) == done  # measured once
+    threads, done = torch.get_num_threads(), len(calls)  # the last choice ("widen") stays with this thread count
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)  # another thread count: measured anew
+    cost.update(widen=4.0, native=1.0)
+    assert kernels16.prefill_strategy(torch.bfloat16) == "native" and len(calls) > done
+    assert kernels16._PREFILL == {(torch.bfloat16, threads): "widen", (torch.bfloat16, threads + 1): "native"}
 
 
 def test_attention_gives_a_row_what_it_gives_the_row_alone():
@@ -180,7 +186,7 @@ def test_a_wide_model_is_the_float32_model_with_16bit_weights(make, dtype, monke
     """Logits close to the float32 model's with the same (rounded) weights, through a prefill longer than 64 rows
     (the tensor path, its products widened: ``native`` rounds the prompt's rows, below) and then decoding steps
     (the compiled path), with float32 keys and values cached."""
-    monkeypatch.setitem(kernels16._PREFILL, dtype, "widen")
+    monkeypatch.setitem(kernels16._PREFILL, kernels16.prefill_key(dtype), "widen")
     model = wide(make, dtype, monkeypatch, tmp_path)
     reference = make(vocab=16)
     reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
@@ -196,7 +202,7 @@ def test_a_wide_model_is_the_float32_model_with_16bit_weights(make, dtype, monke
 def test_kernels_exact_widens_every_prefill(monkeypatch, tmp_path):
     """``--kernels exact`` (``kernels16.widen_prefills``): a 16-bit model whose prefills would take ``native`` widens
     them instead, so its prompt's keys and values are the float32 model's with 16-bit weights."""
-    monkeypatch.setitem(kernels16._PREFILL, torch.bfloat16, "native")
+    monkeypatch.setitem(kernels16._PREFILL, kernels16.prefill_key(torch.bfloat16), "native")
     model = wide(tiny_llama, torch.bfloat16, monkeypatch, tmp_path)
     fast = [m for m in model.modules() if isinstance(m, kernels.FastLinear)]
     assert fast and all(m.wide == "native" for m in fast)
@@ -211,7 +217,7 @@ def test_a_native_prefill_keeps_every_draft_equal_to_ar(make, monkeypatch, tmp_p
     tokens, and the decoding steps' logits stay near the float32 model's."""
     from test_batch import RandomTrees
 
-    monkeypatch.setitem(kernels16._PREFILL, torch.bfloat16, "native")
+    monkeypatch.setitem(kernels16._PREFILL, kernels16.prefill_key(torch.bfloat16), "native")
     taken = []
     monkeypatch.setattr(kernels, "apply16", lambda s, *a: taken.append(s) or kernels16.apply16(s, *a))
     model = wide(make, torch.bfloat16, monkeypatch, tmp_path)
@@ -279,15 +285,24 @@ def smollm2_bf16():
     target = api.load_model("smollm2-135m", dtype="bfloat16", device="cpu")
     kernels.install(target.model)
     assert decoder.decoder_for(target.model).wide
+    for m in target.model.modules():  # the prefill this CPU may choose (AMX-BF16's), whatever this one measured
+        if isinstance(m, kernels.FastLinear):
+            m.wide = "native"
     return target
+
+
+# a prompt of more than kernels16.INVARIANT_ROWS tokens: its prefill takes "native", the rows rounded to bfloat16
+LONG_CODE = Path(textwrap.__file__).read_text(encoding="utf-8")[:900]
 
 
 @pytest.fixture(scope="module")
 def bf16_cases(smollm2_bf16):
-    texts = [(CHAT_PROMPTS[0], False), ('import argparse\n\n\ndef main():\n    parser = argparse.ArgumentParser(', True)]
+    texts = [(CHAT_PROMPTS[0], False), ('import argparse\n\n\ndef main():\n    parser = argparse.ArgumentParser(', True),
+             (LONG_CODE, True)]
     cases = []
     for text, raw in texts:
         ids = api.encode_prompt(smollm2_bf16, text, raw=raw, max_new_tokens=NEW_TOKENS)
+        assert text is not LONG_CODE or len(ids) > kernels16.INVARIANT_ROWS
         cases.append((ids, api.run(smollm2_bf16, ids, api.make_drafter("ar", smollm2_bf16),
                                    max_new_tokens=NEW_TOKENS).tokens))
     return cases
@@ -357,5 +372,6 @@ def test_bench_records_name_the_prefill_strategy_measured(monkeypatch):
     """A bench record's machine says which 16-bit prefill this process measured (the outputs depend on it)."""
     from specdec_cli.bench.records import machine_info
 
-    monkeypatch.setattr(kernels16, "_PREFILL", {torch.bfloat16: "native"})
+    monkeypatch.setattr(kernels16, "_PREFILL", {kernels16.prefill_key(torch.bfloat16): "native",
+                                                  (torch.float16, 10 ** 6): "widen"})  # another thread count
     assert machine_info()["prefill16"] == {"bfloat16": "native"}

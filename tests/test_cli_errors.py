@@ -101,3 +101,21 @@ def test_generate_streams_text_from_stdin():
     proc = specdec("generate", "-n", "6", stdin="What is 2+2?")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_dtype_and_kernels_checked_before_anything_loads(command):
+    """--dtype and --kernels are refused before the model is even looked up (the unknown model would be the
+    error otherwise) and before torch is imported."""
+    extra = ["hi"] if command == "generate" else []
+    assert_one_line_error(specdec(command, *extra, "--model", "no-such-model", "--kernels", "fast"), "--kernels",
+                          "auto, exact or torch")
+    assert_one_line_error(specdec(command, *extra, "--model", "no-such-model", "--dtype", "int4"), "--dtype",
+                          "bfloat16")
+
+
+def test_dtype_names_match_the_loaders():
+    from specdec_cli.config import DTYPE_NAMES
+    from specdec_cli.io.models import DTYPES
+
+    assert tuple(DTYPES) == DTYPE_NAMES

@@ -57,7 +57,8 @@ def prefill16() -> dict:
     widens whatever was measured."""
     kernels16 = sys.modules.get("specdec_cli.runtime.kernels16")
     measured = kernels16._PREFILL if kernels16 is not None else {}
-    return {str(dtype).removeprefix("torch."): s for dtype, s in measured.items()}
+    threads = torch.get_num_threads()  # the record's torch_threads: the choice its forwards ran
+    return {str(dtype).removeprefix("torch."): s for (dtype, n), s in measured.items() if n == threads}
 
 
 def git_commit() -> str | None:

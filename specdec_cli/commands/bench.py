@@ -65,10 +65,11 @@ def bench(
     from .common import parse_opts, user_errors
 
     with user_errors():
-        from ..config import BatchSizes, RunSettings, SamplingConfig
+        from ..config import BatchSizes, RunSettings, SamplingConfig, check_placement
         if not 0 <= tolerance < 1:
             raise SpecdecError(f"--tolerance must be a fraction in [0, 1), got {tolerance}")
         settings = RunSettings(max_new_tokens, SamplingConfig(temperature), seed, window, budget, threads)  # checked
+        check_placement(dtype, kernels)
         names, options = split_methods(methods), {**parse_opts(opt), **({"memory_dir": memory} if memory else {})}
         labels = check_methods_and_options(names, options, compile, memory, engine)
         vllm = bench_vllm_settings(labels, engine, (tensor_parallel_size, pipeline_parallel_size,

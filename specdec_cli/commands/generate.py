@@ -53,8 +53,9 @@ def generate(
 ) -> None:
     """Generate text with speculative decoding; output is identical (greedy) or identically distributed to the target's own."""
     with user_errors():
-        from ..config import RunSettings, SamplingConfig
+        from ..config import RunSettings, SamplingConfig, check_placement
 
+        check_placement(dtype, kernels)  # before the prompts are read and torch is imported
         prompts = read_prompts(prompt, batch_file)
         settings = RunSettings(max_new_tokens, SamplingConfig(temperature, top_p, top_k), seed, window, budget, threads,
                                batch_size)  # every value checked here, once

@@ -44,7 +44,9 @@ SLICE_BYTES = 8 << 20  # float32 weight rows widened at a time by "widen": a sli
 # faster on SmolLM2's shapes; a CPU without a bfloat16 matrix unit gains far less, and so small a lead would not
 # pay for rounding the rows to 16 bits (float16, 0.9-1.1x there, is never measured: prefill_strategy)
 NATIVE_GAIN = 1.5
-_PREFILL: dict[torch.dtype, str] = {}  # dtype -> prefill_strategy's measured choice, once per process
+# (dtype, torch threads) -> prefill_strategy's measured choice, once per process: the two products split over
+# threads differently (MKL's and oneDNN's), so one thread count's winner need not be another's
+_PREFILL: dict[tuple[torch.dtype, int], str] = {}
 
 
 _ANY_ORDER = [False]  # inside any_order(True): a forward whose rows no one compares (a prefill)
@@ -97,18 +99,24 @@ def apply16(strategy: str, x2: torch.Tensor, weight: torch.Tensor, bits: np.ndar
 @torch.inference_mode()
 def prefill_strategy(dtype: torch.dtype) -> str:
     """``native`` or ``widen``: the faster product of a bfloat16 prefill on this CPU (float16: ``widen``),
-    measured once per process on one SmolLM2-sized product (256 rows, 1536x576: a millisecond or two either way, where PyTorch has
-    no fast 16-bit product some tens of milliseconds)."""
-    hit = _PREFILL.get(dtype)
+    measured once per process and thread count on one SmolLM2-sized product (256 rows, 1536x576: a millisecond or
+    two either way, where PyTorch has no fast 16-bit product some tens of milliseconds)."""
+    key = prefill_key(dtype)
+    hit = _PREFILL.get(key)
     if hit is None and dtype != torch.bfloat16:  # float16 rows beyond 65504 would round to inf: float16 widens
-        hit = _PREFILL[dtype] = "widen"
+        hit = _PREFILL[key] = "widen"
     if hit is None:
         gen = torch.Generator().manual_seed(0)
         x, w = torch.randn(256, 576, generator=gen), torch.randn(1536, 576, generator=gen).to(dtype)
         with any_order(True):  # oneDNN builds its kernel on the first call: _fastest's warm-up round
             best = _fastest(ANY_ORDER_ONLY, x, [w], [stored(w)], reps=2)
-        hit = _PREFILL[dtype] = "native" if best["widen"] >= NATIVE_GAIN * best["native"] else "widen"
+        hit = _PREFILL[key] = "native" if best["widen"] >= NATIVE_GAIN * best["native"] else "widen"
     return hit
+
+
+def prefill_key(dtype: torch.dtype) -> tuple[torch.dtype, int]:
+    """:data:`_PREFILL`'s key: the dtype at the thread count torch runs now."""
+    return dtype, torch.get_num_threads()
 
 
 def widen_prefills(model) -> None:
