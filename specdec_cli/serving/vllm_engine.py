@@ -173,7 +173,7 @@ class VllmEngine:
         spec = SPEC[self.method] and dict(SPEC[self.method])
         if spec is not None and self.opts.window:
             spec["num_speculative_tokens"] = self.opts.window
-        dtype = self.opts.dtype if self.opts.dtype != "auto" else str(resolve_dtype("auto", "auto")).split(".")[-1]
+        dtype = str(resolve_dtype(self.opts.dtype, "auto")).split(".")[-1]  # vLLM's spelling of bf16, fp32, ...
         kwargs = dict(model=self.source, tokenizer=self.source, dtype=dtype, speculative_config=spec,
                       tensor_parallel_size=self.opts.tensor_parallel_size,
                       pipeline_parallel_size=self.opts.pipeline_parallel_size, seed=self.opts.seed,
