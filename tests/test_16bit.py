@@ -235,6 +235,30 @@ def test_a_native_prefill_keeps_every_draft_equal_to_ar(make, monkeypatch, tmp_p
     assert torch.allclose(steps, want, atol=5e-2)
 
 
+def test_only_a_prefill_from_an_empty_cache_takes_the_any_order_product(monkeypatch, tmp_path):
+    """Tokens fed without logits after a prefix (``keep=0`` on a non-empty cache, 80 rows) keep the row-invariant
+    tiles: their keys and values are those of the same tokens decoded one by one, bit for bit. Only the prompt's
+    prefill, from an empty cache, takes ``native``."""
+    monkeypatch.setitem(kernels16._PREFILL, kernels16.prefill_key(torch.bfloat16), "native")
+    taken = []
+    monkeypatch.setattr(kernels, "apply16", lambda s, *a: taken.append((s, kernels16._ANY_ORDER[0]))
+                        or kernels16.apply16(s, *a))
+    model = wide(tiny_llama, torch.bfloat16, monkeypatch, tmp_path)
+    rng = random.Random(3)
+    prompt, more = [rng.randrange(16) for _ in range(70)], [rng.randrange(16) for _ in range(80)]
+    fed, stepped = engine.new_cache(model), engine.new_cache(model)
+    for cache in (fed, stepped):
+        engine.forward_chain(model, cache, prompt, keep=0)
+    assert ("native", True) in taken
+    taken.clear()
+    engine.forward_chain(model, fed, more, keep=0)
+    assert not any(allowed for _, allowed in taken)  # (the compiled layers serve it: no FastLinear call at all)
+    for t in more:
+        engine.forward_chain(model, stepped, [t], keep=1)
+    probe = [rng.randrange(16) for _ in range(3)]
+    assert torch.equal(engine.forward_chain(model, fed, probe), engine.forward_chain(model, stepped, probe))
+
+
 def test_kernels_torch_keeps_a_16bit_model_as_transformers_runs_it(monkeypatch, tmp_path):
     model = tiny_llama(vocab=16).to(torch.bfloat16)
     assert not decoder.decoder_for(model).wide  # plain bf16 nn.Linear layers: bf16 activations, the old path

@@ -218,21 +218,24 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         return None
     dev = dec.embed.weight.device
     ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+    chain = parents is None or is_chain(parents)
+    keep = keep if chain else None
+    prefill = keep == 0 and cache.length == 0  # a prompt's prefill: the one forward whose rows may take any order
     if len(tokens) == 1 and dec.windows_shown_by(cache):
         mask, pos = None, torch.tensor([cache.length], device=dev)
+    elif prefill and plain_causal(len(tokens), dec.windows):  # SDPA's own rule in every layer: no mask to build
+        mask, pos = CAUSAL, torch.arange(len(tokens), device=dev)
     else:
-        chain = parents is None or is_chain(parents)
-        keep = keep if chain else None
-        prefill = keep == 0 and chain and cache.length == 0  # a prompt's prefill from an empty cache
-        if prefill and plain_causal(len(tokens), dec.windows):  # SDPA's own rule in every layer: no mask to build
-            mask, pos = CAUSAL, torch.arange(len(tokens), device=dev)
-        else:
-            mask, pos = cache.tree_inputs(model, chain_parents(len(tokens) - 1) if chain else parents)
-            pos = pos[0].to(dev)
-            mask = masks_to(mask, dev, torch.float32 if dec.wide else None)
-            mask = causal_full_layers(mask) if prefill else mask
-    with kernels.active(), any_order(keep == 0):
-        return dec.forward(cache, ids, pos, mask, keep)
+        mask, pos = cache.tree_inputs(model, chain_parents(len(tokens) - 1) if chain else parents)
+        pos = pos[0].to(dev)
+        mask = masks_to(mask, dev, torch.float32 if dec.wide else None)
+        mask = causal_full_layers(mask) if prefill else mask
+    # tokens a wide model is fed after a prefix (keep=0, a non-empty cache) run as rows that are read (one is), so
+    # their keys and values are bit for bit those of the same tokens verified or decoded one by one
+    fed = dec.wide and keep == 0 and not prefill
+    with kernels.active(), any_order(prefill):
+        logits = dec.forward(cache, ids, pos, mask, 1 if fed else keep)
+    return logits[:0] if fed else logits
 
 
 def run_rows(cache, model, ids: torch.Tensor, positions: torch.Tensor, masks, real: torch.Tensor) -> torch.Tensor | None:

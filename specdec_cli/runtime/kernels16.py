@@ -54,8 +54,9 @@ _ANY_ORDER = [False]  # inside any_order(True): a forward whose rows no one comp
 
 @contextmanager
 def any_order(allowed: bool):
-    """Let forwards of more than :data:`INVARIANT_ROWS` rows use ``widen`` (only a prefill, ``keep=0``: a
-    verification of a large tree keeps the row-invariant kernel whatever its size)."""
+    """Let forwards of more than :data:`INVARIANT_ROWS` rows use ``widen`` or ``native`` (only a prompt's prefill,
+    ``keep=0`` from an empty cache: a verification of a large tree, or tokens fed after a prefix, keep the
+    row-invariant kernel whatever their size)."""
     previous, _ANY_ORDER[0] = _ANY_ORDER[0], allowed
     try:
         yield
