@@ -123,16 +123,22 @@ def check_threads(threads: int | None) -> None:
         raise SpecdecError(f"--threads must be at most {cpu_count()} (the CPUs this process may use), got {threads}")
 
 
-DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # --dtype besides auto: io.models.DTYPES
+# --dtype besides auto -> torch's name of the type (io.models.DTYPES maps them to torch dtypes, vLLM takes the names)
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+               "float16": "float16", "fp16": "float16"}
 KERNEL_MODES = ("auto", "exact", "torch")  # --kernels: api.load
+
+
+def check_dtype(dtype: str) -> None:
+    """``--dtype`` (the one check of it: :func:`check_placement` and :func:`io.models.resolve_dtype` call it)."""
+    if dtype != "auto" and dtype not in DTYPE_NAMES:
+        raise SpecdecError(f"unknown --dtype {dtype!r}; choose auto, {', '.join(DTYPE_NAMES)}")
 
 
 def check_placement(dtype: str, kernels: str) -> None:
     """``--dtype`` and ``--kernels``, checked before torch is imported (an error in well under a second, not after
-    the prompts and the tokenizer): the one check of each, as :func:`api.load` and :func:`io.models.resolve_dtype`
-    call it too."""
-    if dtype != "auto" and dtype not in DTYPE_NAMES:
-        raise SpecdecError(f"unknown --dtype {dtype!r}; choose auto, {', '.join(DTYPE_NAMES)}")
+    the prompts and the tokenizer): the one check of each, as :func:`api.load` calls it too."""
+    check_dtype(dtype)
     if kernels not in KERNEL_MODES:
         raise SpecdecError(f"--kernels must be {', '.join(KERNEL_MODES[:-1])} or {KERNEL_MODES[-1]}, got {kernels!r}")
 

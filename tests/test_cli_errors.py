@@ -118,4 +118,4 @@ def test_dtype_names_match_the_loaders():
     from specdec_cli.config import DTYPE_NAMES
     from specdec_cli.io.models import DTYPES
 
-    assert tuple(DTYPES) == DTYPE_NAMES
+    assert tuple(DTYPES) == tuple(DTYPE_NAMES)

@@ -26,14 +26,12 @@ import torch
 
 from .aliases import ALIASES, Alias, cache_root, package_folder  # noqa: F401 - ALIASES, Alias re-exported
 from . import gguf as gguf_file
-from ..config import check_placement
+from ..config import DTYPE_NAMES, check_dtype
 from ..errors import SpecdecError
 from .network import HINT, hub_offline
 
 
-DTYPES = {  # config.DTYPE_NAMES spells these keys torch-free (tests/test_cli_errors.py holds them equal)
-    "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {name: getattr(torch, full) for name, full in DTYPE_NAMES.items()}  # --dtype -> torch.dtype
 
 
 @dataclass
@@ -87,7 +85,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device_is_cuda(device) else torch.float32
-    check_placement(dtype, "auto")
+    check_dtype(dtype)
     return DTYPES[dtype]
 
 
