@@ -111,24 +111,33 @@ def test_tiles_split_over_threads_give_the_one_thread_bits(threads):
         assert np.array_equal(one, split)
 
 
-def test_openmp_workers_sleep_unless_the_user_chose(tmp_path):
-    """Importing specdec sets OMP_WAIT_POLICY=PASSIVE before torch loads OpenMP (spinning workers took the core the
-    split tiles need); it leaves a value the user set alone, does nothing once torch is loaded, and nothing in the
-    vLLM processes it gave the user's setting back to."""
+def test_openmp_workers_spin_briefly_unless_the_user_chose(tmp_path):
+    """Importing specdec bounds OpenMP's spin (GOMP_SPINCOUNT) before torch loads OpenMP: workers that spin long
+    took the core the split tiles need, workers asleep at once made every MKL call wake them. It leaves either
+    variable alone when the user set one, does nothing once torch is loaded, and nothing in the vLLM processes it
+    gave the user's setting back to. The kernel plans are keyed by the setting."""
     import os
     import subprocess
     import sys
 
-    code = "import specdec_cli, os; print(os.environ['OMP_WAIT_POLICY'], os.environ.get('SPECDEC_SET_OMP_WAIT_POLICY'))"
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "SPECDEC_SET_OMP_WAIT_POLICY")}
-    ours = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert ours.stdout.split() == ["PASSIVE", "1"]
-    theirs = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
-                            capture_output=True, text=True, check=True)
-    assert theirs.stdout.split() == ["ACTIVE", "None"]
-    late = "import torch, specdec_cli, os; print(os.environ.get('OMP_WAIT_POLICY'))"  # OpenMP already loaded
-    assert subprocess.run([sys.executable, "-c", late], env=env, capture_output=True, text=True,
-                          check=True).stdout.split() == ["None"]
-    given_back = "import specdec_cli, os; print(os.environ.get('OMP_WAIT_POLICY'))"  # a vLLM process spawned by us
-    assert subprocess.run([sys.executable, "-c", given_back], env={**env, "SPECDEC_SET_OMP_WAIT_POLICY": "0"},
-                          capture_output=True, text=True, check=True).stdout.split() == ["None"]
+    import specdec_cli
+    from specdec_cli.runtime import machine
+
+    code = ("import specdec_cli, os; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'), "
+            "os.environ.get('SPECDEC_SET_OMP_WAIT_POLICY'))")
+    mine = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SPECDEC_SET_OMP_WAIT_POLICY")
+    env = {k: v for k, v in os.environ.items() if k not in mine}
+
+    def run(script, **extra):
+        return subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert run(code) == [specdec_cli.OPENMP_SPINS, "None", "1"]
+    assert run(code, OMP_WAIT_POLICY="PASSIVE") == ["None", "PASSIVE", "None"]
+    assert run(code, GOMP_SPINCOUNT="0") == ["0", "None", "None"]
+    assert run("import torch\n" + code) == ["None", "None", "None"]  # OpenMP already loaded
+    assert run(code, SPECDEC_SET_OMP_WAIT_POLICY="0") == ["None", "None", "0"]  # a vLLM process spawned by us
+    key = "import specdec_cli\nfrom specdec_cli.runtime import kernels\nprint(kernels.machine_key())"
+    assert f"omp -/{specdec_cli.OPENMP_SPINS}|" in " ".join(run(key))
+    assert "omp PASSIVE/-|" in " ".join(run(key, OMP_WAIT_POLICY="PASSIVE"))  # plans measured under each setting
+    assert machine.openmp_waits() in machine.setup_key()

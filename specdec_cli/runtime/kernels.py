@@ -47,14 +47,14 @@ from ..io.jsonl import read_json
 from .dot import dot_rows_threads
 from .jit import COMPILED
 from .kernels16 import FORMATS, apply16, is_16bit, prefill_strategy, stored, tune_shape16
-from .machine import available_bytes, cpu_name
+from .machine import available_bytes, setup_key
 
 # "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
 STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
 DOT_ROWS = WIDE  # "dot" is timed for every forward whose rows are compared (prefills are MKL's: compute-bound)
-PLAN_VERSION = 7  # 7: timed with OpenMP workers asleep between regions; 6: "dot" split over threads; 5: tiles
+PLAN_VERSION = 8  # 8: keyed by OpenMP's wait settings; 7: timed with OpenMP workers asleep between regions; 6: "dot" split over threads; 5: tiles
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3
@@ -223,8 +223,7 @@ def tune_shape(weights: list[torch.Tensor], strategies=STRATEGIES, buckets=BUCKE
 
 def machine_key() -> str:
     """This machine and torch setup, for caches of measurements (kernel plans, forward-time profiles)."""
-    cpu = cpu_name()
-    return f"{cpu}|{os.cpu_count()}|torch {torch.__version__}|threads {torch.get_num_threads()}|v{PLAN_VERSION}"
+    return f"{setup_key()}|v{PLAN_VERSION}"
 
 
 def _plan_file() -> Path:

@@ -5,6 +5,7 @@ Everything here but :func:`set_threads` works without torch.
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -47,3 +48,18 @@ def set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def openmp_waits() -> str:
+    """How OpenMP's workers wait between parallel regions (what libgomp read when torch was imported): a product's
+    time at several threads depends on it (``specdec_cli/__init__.py``)."""
+    return f"omp {os.environ.get('OMP_WAIT_POLICY', '-')}/{os.environ.get('GOMP_SPINCOUNT', '-')}"
+
+
+def setup_key() -> str:
+    """This CPU, torch and its threads, and OpenMP's waits: what a cached measurement (kernel plans, forward-time
+    profiles) holds for."""
+    import torch
+
+    return (f"{cpu_name()}|{os.cpu_count()}|torch {torch.__version__}|threads {torch.get_num_threads()}|"
+            f"{openmp_waits()}")

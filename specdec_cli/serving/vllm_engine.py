@@ -186,7 +186,7 @@ class VllmEngine:
         from vllm import LLM
 
         if os.environ.get("SPECDEC_SET_OMP_WAIT_POLICY") == "1":  # ours, not the user's: vLLM's processes as set
-            os.environ.pop("OMP_WAIT_POLICY", None)
+            os.environ.pop("GOMP_SPINCOUNT", None)
             os.environ["SPECDEC_SET_OMP_WAIT_POLICY"] = "0"  # and not set again where they import specdec
         try:
             self.llm = LLM(**kwargs)
