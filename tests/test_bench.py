@@ -139,6 +139,7 @@ def test_real_run_record_fields(real_run):
     assert record["schema"] == lib.RECORD_SCHEMA and record["prompt_set"] == "humaneval"
     assert set(record["machine"]) >= {"platform", "cpu", "gpu", "torch", "transformers", "specdec"}
     assert record["machine"]["torch_threads"] == 1
+    assert record["machine"]["openmp"].startswith("omp ")  # how OpenMP's workers waited (threads' speed hangs on it)
     assert "git_commit" in record and "timestamp" in record
     assert record["config"]["settings"]["max_new_tokens"] == 8 and record["config"]["methods"] == METHODS.split(",")
     by = {r["method"]: r for r in record["results"]}

@@ -13,7 +13,7 @@ import torch
 
 from ..errors import SpecdecError
 from ..io.prompts import Prompt
-from ..runtime.machine import cpu_name, peak_rss_bytes
+from ..runtime.machine import cpu_name, openmp_waits, peak_rss_bytes
 from .config import READ_SCHEMAS, RECORD_SCHEMA, BenchConfig, Generation, upgraded_config
 from .engines import BASELINES
 from .guard import auto_guard
@@ -42,6 +42,7 @@ def machine_info() -> dict:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "openmp": openmp_waits(),  # how OpenMP's workers waited: several threads' speed depends on it
         "gpu": gpu_name(),
         "torch": torch.__version__,
         "transformers": package_version("transformers"),
