@@ -34,7 +34,6 @@ runs the stock layers.
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +53,7 @@ STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
 DOT_ROWS = WIDE  # "dot" is timed for every forward whose rows are compared (prefills are MKL's: compute-bound)
-PLAN_VERSION = 8  # 8: keyed by OpenMP's wait settings; 7: timed with OpenMP workers asleep between regions; 6: "dot" split over threads; 5: tiles
+PLAN_VERSION = 8  # 8: keyed by OpenMP's waits; 7: timed with its workers asleep; 6: "dot" split over threads; 5: tiles
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3
