@@ -56,3 +56,61 @@ def test_bench_throughput_mode_reports_every_run(tmp_path):
         assert r["identical"] == 3 and r["tokens_per_s"] > 0 and r["latency_p90_s"] >= r["latency_median_s"]
         assert r["speedup_vs_ar"] > 0 and (r["peak_rss_mib"] or 0) > 0
     assert_user_error(specdec("bench", "--batch-size", "2", "--out", str(tmp_path)), "directory")
+
+
+def test_throughput_runs_one_vllm_engine_at_a_time_and_none_beside_ours(monkeypatch):
+    """An idle vLLM engine's processes take ~7% of a core: in the throughput mode each vLLM method's engine is
+    alive only while its own rows run, and none while sequential ar, hf-batch or our batched runs are timed. The
+    table keeps its order: per batch size, hf-batch first, then --methods' order."""
+    from specdec_cli.bench import engines, throughput as tp
+    from specdec_cli.bench.config import BenchConfig
+    from specdec_cli.config import BatchSizes, RunSettings
+
+    alive, events = set(), []
+
+    class FakeEngine:
+        def __init__(self, name):
+            self.name = name
+            alive.add(name)
+
+        def finish(self):
+            pass
+
+        def close(self):
+            alive.discard(self.name)
+
+    def fake_row(method, size):
+        return {"method": method, "batch_size": size, "tokens_per_s": 1.0}
+
+    def ours(method, target, drafts, ids, size, cfg, reference, opened):
+        events.append((method, size, set(alive)))
+        return fake_row(method, size)
+
+    def theirs(label, engine, ids, size, cfg, reference):
+        events.append((label, size, set(alive)))
+        return fake_row(label, size)
+
+    def hf(target, ids, size, cfg, reference):
+        events.append(("hf-batch", size, set(alive)))
+        return fake_row("hf-batch", size)
+
+    def sequential(target, ids, settings, greedy, compile="auto"):
+        events.append(("ar", "sequential", set(alive)))
+        return fake_row("ar", "sequential"), [[1]] * len(ids)
+
+    monkeypatch.setattr(engines, "start_engine", lambda name, target, options: FakeEngine(name))
+    monkeypatch.setattr(tp, "timed_ours", ours)
+    monkeypatch.setattr(tp, "timed_vllm", theirs)
+    monkeypatch.setattr(tp, "timed_hf", hf)
+    monkeypatch.setattr(tp, "sequential_ar", sequential)
+    monkeypatch.setattr(tp, "encode_turn", lambda target, p, turn, history, n: [1, 2, 3])
+    monkeypatch.setattr(tp, "add_speedups", lambda rows: None)
+    cfg = BenchConfig(methods=["vllm", "ar@specdec", "vllm-suffix"], prompts="humaneval", settings=RunSettings(4),
+                      engine="vllm")
+    record = tp.throughput(cfg, None, [], [object()] * 4, BatchSizes((2, 4)), log=lambda text: None)
+    for method, size, seen in events:
+        assert seen == ({method} if method.startswith("vllm") else set()), (method, size, seen)
+    assert not alive
+    assert [(r["method"], r["batch_size"]) for r in record["rows"]] == [
+        ("ar", "sequential"), ("hf-batch", 2), ("vllm", 2), ("ar@specdec", 2), ("vllm-suffix", 2),
+        ("hf-batch", 4), ("vllm", 4), ("ar@specdec", 4), ("vllm-suffix", 4)]
