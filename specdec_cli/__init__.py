@@ -22,3 +22,6 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ 
         and _os.environ.get("SPECDEC_SET_OMP_WAIT_POLICY") != "0":
     _os.environ["GOMP_SPINCOUNT"] = OPENMP_SPINS
     _os.environ["SPECDEC_SET_OMP_WAIT_POLICY"] = "1"
+# What OpenMP read (or will read) at torch's import; later changes to the environment (vLLM's processes get the
+# user's back) do not reach it. Plans, profiles and bench records are keyed by this, not by the current environment.
+OPENMP_ENV = (_os.environ.get("OMP_WAIT_POLICY", "-"), _os.environ.get("GOMP_SPINCOUNT", "-"))

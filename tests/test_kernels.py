@@ -141,3 +141,6 @@ def test_openmp_workers_spin_briefly_unless_the_user_chose(tmp_path):
     assert f"omp -/{specdec_cli.OPENMP_SPINS}|" in " ".join(run(key))
     assert "omp PASSIVE/-|" in " ".join(run(key, OMP_WAIT_POLICY="PASSIVE"))  # plans measured under each setting
     assert machine.openmp_waits() in machine.setup_key()
+    given_back = ("import specdec_cli, os\nfrom specdec_cli.runtime import machine\nos.environ.pop('GOMP_SPINCOUNT')\n"
+                  "print(machine.openmp_waits())")  # as a vLLM engine's start does: OpenMP read it already
+    assert " ".join(run(given_back)) == f"omp -/{specdec_cli.OPENMP_SPINS}"

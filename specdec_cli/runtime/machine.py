@@ -51,9 +51,12 @@ def set_threads(threads: int | None) -> None:
 
 
 def openmp_waits() -> str:
-    """How OpenMP's workers wait between parallel regions (what libgomp read when torch was imported): a product's
-    time at several threads depends on it (``specdec_cli/__init__.py``)."""
-    return f"omp {os.environ.get('OMP_WAIT_POLICY', '-')}/{os.environ.get('GOMP_SPINCOUNT', '-')}"
+    """How OpenMP's workers wait between parallel regions, as the environment said when specdec was imported (what
+    libgomp read at torch's import; a vLLM engine's start gives its processes the user's environment back later):
+    a product's time at several threads depends on it (``specdec_cli/__init__.py``)."""
+    from .. import OPENMP_ENV
+
+    return "omp {}/{}".format(*OPENMP_ENV)
 
 
 def setup_key() -> str:
