@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import subprocess
 
 import pytest
 import torch
@@ -377,3 +378,23 @@ def test_api_keywords_override_the_settings_given():
     assert with_values(None, {"budget": "4"}).budget.limit == 4
     with pytest.raises(SpecdecError, match="max-new-tokens"):
         with_values(settings, {"max_new_tokens": 0})
+
+
+def test_the_record_names_the_commit_a_run_started_on(monkeypatch):
+    """``git_commit`` is asked when a run starts and kept: a commit made during a long run (this stop's vLLM
+    throughput record named one made while it ran) is not the code the run loaded."""
+    from specdec_cli.bench import records
+
+    records.git_commit.cache_clear()
+    calls = []
+
+    def fake_run(*args, **kwargs):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout=f"{len(calls):040d}\n", stderr="")
+
+    monkeypatch.setattr(records.subprocess, "run", fake_run)
+    try:
+        first = records.git_commit()
+        assert records.git_commit() == first == f"{1:040d}" and len(calls) == 1
+    finally:
+        records.git_commit.cache_clear()

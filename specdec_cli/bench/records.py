@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import platform
 import subprocess
@@ -62,8 +63,10 @@ def prefill16() -> dict:
     return {str(dtype).removeprefix("torch."): s for (dtype, n), s in measured.items() if n == threads}
 
 
+@functools.cache
 def git_commit() -> str | None:
-    """HEAD of the git checkout holding this package, or None (installed from a wheel, no git, ...)."""
+    """HEAD of the git checkout holding this package, or None (installed from a wheel, no git, ...). Asked once,
+    when a run starts, and kept: a commit made during a long run is not the code the run loaded."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
                              text=True, timeout=5)

@@ -19,7 +19,7 @@ from .config import WARMUP_TOKENS, BenchConfig, Generation, Runner
 from .engines import close_engines, start_vllm_engines, vllm_runner
 from .labels import BASELINES, method_list, split_label
 from .metrics import summarize
-from .records import make_record
+from .records import git_commit, make_record
 
 # --- runners ----------------------------------------------------------------------------------------------------
 
@@ -237,6 +237,7 @@ def benchmark(cfg: BenchConfig, target, drafts, checkpoint=None, prompts: list[P
     ``checkpoint`` (:class:`specdec_cli.bench.checkpoint.Checkpoint`) keeps finished generations for ``--resume``.
     ``opened``: the datastores the pre-check opened (``methods.precheck_datastore``), handed to the methods."""
     set_threads(cfg.settings.threads)
+    git_commit()  # the code this run loaded: asked now, kept for the record
     methods = method_list(cfg.methods, cfg.engine)
     cfg.methods = methods
     if prompts is None:

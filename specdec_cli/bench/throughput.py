@@ -201,6 +201,7 @@ def add_speedups(rows: list[dict]) -> None:
 def throughput(cfg, target, drafts, prompts, sizes: BatchSizes, opened: dict | None = None, log=None) -> dict:
     """Run the throughput mode at each of ``sizes`` (at most one slot per prompt); returns its record."""
     set_threads(cfg.settings.threads)
+    git_commit()  # the code this run loaded: asked now, kept for the record
     log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
     from .labels import split_label
     from .engines import close_engines, start_vllm_engines
