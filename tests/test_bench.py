@@ -381,8 +381,8 @@ def test_api_keywords_override_the_settings_given():
 
 
 def test_the_record_names_the_commit_a_run_started_on(monkeypatch):
-    """``git_commit`` is asked when a run starts and kept: a commit made during a long run (this stop's vLLM
-    throughput record named one made while it ran) is not the code the run loaded."""
+    """``git_commit`` is asked when a run starts and kept: a commit made during a long run is not the code the run
+    loaded (a record once named a commit made while its run was going)."""
     from specdec_cli.bench import records
 
     records.git_commit.cache_clear()

@@ -75,12 +75,12 @@ def vllm_runner(label: str, name: str, target, cfg, engine) -> Runner:
     return run
 
 
-def start_vllm_engines(cfg, target, batch: int = 1, kv_tokens: int | None = None, labels=None) -> dict:
-    """One started engine per vLLM method of the run (or of ``labels``), keyed by label: all alive at once in the
-    latency mode, where methods stay interleaved; one at a time in the throughput mode."""
+def start_vllm_engines(cfg, target, batch: int = 1, kv_tokens: int | None = None) -> dict:
+    """One started engine per vLLM method of the run, keyed by label, all alive at once: the latency mode's
+    methods stay interleaved per prompt (the throughput mode starts one at a time: ``bench.throughput``)."""
     engines = {}
     try:
-        for label in cfg.methods if labels is None else labels:
+        for label in cfg.methods:
             name, engine = split_label(label, cfg.engine)
             if engine == "vllm":
                 engines[label] = start_engine(name, target, vllm_options(cfg, batch, kv_tokens))

@@ -204,35 +204,35 @@ def throughput(cfg, target, drafts, prompts, sizes: BatchSizes, opened: dict | N
     git_commit()  # the code this run loaded: asked now, kept for the record
     log = log or (lambda text: (sys.stderr.write(f"bench: {text}\n"), sys.stderr.flush()))
     from .labels import split_label
-    from .engines import close_engines, start_vllm_engines
+    from .engines import start_engine, vllm_options
 
     ids = [encode_turn(target, p, 0, [], cfg.settings.max_new_tokens) for p in prompts]
     sizes = list(sizes.fitted(len(ids)))
     first, reference = sequential_ar(target, ids, cfg.settings, cfg.greedy, cfg.compile)
     rows = [first]
     log(f"ar sequential: {first['tokens_per_s']:.1f} tok/s")
+    split = {label: split_label(label, cfg.engine) for label in cfg.methods}  # label -> (method, engine)
     for size in sizes:
         if cfg.greedy:
             rows.append(timed_hf(target, ids, size, cfg, reference))
             log(f"hf-batch B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
-        for label in [m for m in cfg.methods if split_label(m, cfg.engine)[1] != "vllm"]:
-            rows.append(timed_ours(split_label(label, cfg.engine)[0], target, drafts, ids, size, cfg, reference,
-                                   opened))
+        for label in [m for m in cfg.methods if split[m][1] != "vllm"]:
+            rows.append(timed_ours(split[label][0], target, drafts, ids, size, cfg, reference, opened))
             rows[-1]["method"] = label
             log(f"{label} B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
     # one vLLM engine alive at a time, and none beside our runs: an idle engine's processes take ~7% of a core,
     # and three alive slowed our 2-thread batched ar at B = 32 from ~188 to 137 tok/s (docs/vllm.md)
     kv_tokens = max(sizes) * (max(map(len, ids)) + cfg.settings.max_new_tokens + 33)
-    for label in [m for m in cfg.methods if split_label(m, cfg.engine)[1] == "vllm"]:
-        engines = start_vllm_engines(cfg, target, max(sizes), kv_tokens, labels=[label])
+    for label in [m for m in cfg.methods if split[m][1] == "vllm"]:
+        engine = start_engine(split[label][0], target, vllm_options(cfg, max(sizes), kv_tokens))
         try:
             for size in sizes:
-                rows.append(timed_vllm(label, engines[label], ids, size, cfg, reference))
+                rows.append(timed_vllm(label, engine, ids, size, cfg, reference))
                 rows[-1]["method"] = label
                 log(f"{label} B={size}: {rows[-1]['tokens_per_s']:.1f} tok/s")
-            engines[label].finish()
+            engine.finish()
         finally:
-            close_engines(engines)
+            engine.close()
     order = {label: i for i, label in enumerate(cfg.methods)}  # the table as before: per size, in --methods order
     rows[1:] = sorted(rows[1:], key=lambda r: (r["batch_size"], r["method"] != "hf-batch", order.get(r["method"], -1)))
     add_speedups(rows)
