@@ -87,3 +87,34 @@ def test_llama_cpp_decodes_the_same_prompts_in_the_same_run(smollm2, tmp_path, m
     assert row["generations"] == 2 and row["new_tokens"] > 0 and row["decode_tokens_per_s"] > 0
     assert row["identical"] >= 1  # the same model: a tokenizer or weight mix-up would differ at once
     assert record["peak_rss_mib"] > 0
+
+
+@pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python not installed (scripts/install-llama-cpp.sh)")
+def test_amx_buffers_are_off_only_while_a_model_loads(monkeypatch):
+    """Where the CPU has AMX, ggml's extra buffer types are off while llama.cpp loads a model (its AMX path
+    crashed the process on the first decode of a quantized file on this project's Xeon VMs), and back after."""
+    import llama_cpp.llama as module
+
+    before = module.llama_cpp.llama_model_default_params
+    monkeypatch.setattr(llama_cpp, "has_amx", lambda: True)
+    with llama_cpp.no_amx_buffers():
+        assert module.llama_cpp.llama_model_default_params().use_extra_bufts is False
+    assert module.llama_cpp.llama_model_default_params is before and before().use_extra_bufts
+    monkeypatch.setattr(llama_cpp, "has_amx", lambda: False)
+    with llama_cpp.no_amx_buffers():
+        assert module.llama_cpp.llama_model_default_params is before
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python not installed (scripts/install-llama-cpp.sh)")
+def test_llama_cpp_decodes_the_shipped_quantized_file(tmp_path):
+    """``llama-cpp-stored`` (SmolLM2's shipped Q4_1 file) in a bench run of its own process: a crash inside
+    llama.cpp would end the process, so it runs apart from pytest's."""
+    import subprocess
+
+    out = tmp_path / "stored.jsonl"
+    done = subprocess.run([sys.executable, "-m", "specdec_cli.cli", "bench", "--model", "smollm2-135m", "--prompts",
+                           "humaneval", "--limit", "1", "-n", "8", "--threads", "1", "--no-warmup", "--methods",
+                           "ar,llama-cpp-stored", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"llama-cpp-stored"' in out.read_text()

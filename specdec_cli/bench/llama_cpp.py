@@ -22,6 +22,7 @@ import json
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..engine.loop import cut_at_stop
@@ -130,6 +131,40 @@ def note(text: str) -> None:
     print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
+def has_amx() -> bool:
+    """Whether this CPU reports AMX (Linux's flags): ggml then moves quantized weights into its AMX buffers."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return "amx_int8" in f.read(1 << 16).split()  # the first CPU's entry is well within 64 KiB
+    except OSError:
+        return False
+
+
+@contextmanager
+def no_amx_buffers():
+    """While a model loads: ggml's extra buffer types off where the CPU has AMX. Why: on the Intel Xeon VMs this
+    project measures on, llama.cpp's AMX path (taken for quantized files: ``llama-cpp-stored``) crashes the process
+    with a segmentation fault at its first decode (ggml's AMX buffers on virtualized AMX CPUs: llama.cpp issue
+    20824, pull request 26954); without them it decodes the same file by its AVX-512 kernels. F32/F16/BF16 files
+    never use those buffers. llama-cpp-python 0.3.36 does not pass ``use_extra_bufts`` through ``Llama``."""
+    import llama_cpp.llama as module
+
+    low = module.llama_cpp
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    if has_amx():
+        low.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
 def llama_cpp_runner(name: str, target, drafts, cfg, progress=None) -> Runner:
     """A runner decoding with llama.cpp (one model per method, loaded now); ``drafts`` unused (no drafting)."""
     check_installed()
@@ -139,8 +174,9 @@ def llama_cpp_runner(name: str, target, drafts, cfg, progress=None) -> Runner:
 
     threads = cfg.settings.threads or torch.get_num_threads()
     path = gguf_for(target, gguf_type(name, cfg.dtype), progress or note)
-    llm = Llama(model_path=str(path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads, seed=cfg.settings.seed,
-                verbose=False)
+    with no_amx_buffers():
+        llm = Llama(model_path=str(path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
+                    seed=cfg.settings.seed, verbose=False)
     stop = target.stop_ids
     temperature = cfg.settings.sampling.temperature
     sampling = dict(temp=0.0) if cfg.greedy else dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0)
