@@ -55,7 +55,9 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
     """The target and its drafts. ``kernel_mode="auto"`` swaps the float32 CPU linear layers of the target and of
     drafts that are models of their own for :mod:`specdec_cli.runtime.kernels`' measured ones (after the
     ``int8:``/``bf16:`` copies are made from the target); ``"exact"`` does too, but a 16-bit prefill keeps its rows
-    in float32 (:func:`specdec_cli.runtime.kernels16.widen_prefills`); ``"torch"`` keeps PyTorch's."""
+    in float32 (:func:`specdec_cli.runtime.kernels16.widen_prefills`); ``"blocks"`` does what ``"auto"`` does, and
+    the target's layers read a GGUF file's quantized blocks in its decoding steps (:mod:`specdec_cli.runtime.blocks`);
+    ``"torch"`` keeps PyTorch's."""
     check_placement(dtype, kernel_mode)
     tuned = kernel_mode != "torch"
     warming = warm_up() if tuned else None
@@ -63,6 +65,8 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
     loaded = [load_draft(d, target, dtype, device) for d in drafts]
     if warming is not None:
         warming.join()
+    if kernel_mode == "blocks":
+        target.info["blocks"] = attach_blocks(target)
     if tuned:
         target.info["kernels"] = kernels.install(target.model, progress=note)
         for draft in loaded:  # a draft model of its own (not a copy of the target) is a float model like it
@@ -75,6 +79,23 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
         for m in (target, *loaded):
             decoder.disable(m.model)
     return target, loaded
+
+
+def attach_blocks(target: LoadedModel) -> dict:
+    """``--kernels blocks``: the quantized blocks of the GGUF file ``target`` was converted from, read into its
+    float32 CPU layers whose weights they give bit for bit (:func:`specdec_cli.runtime.blocks.attach`)."""
+    from .io.gguf import source_gguf
+    from .runtime import blocks
+
+    path = source_gguf(target.info["source"])
+    if path is None:
+        raise SpecdecError(f"--kernels blocks reads a GGUF file's blocks, and model {target.name!r} was not "
+                           "converted from one")
+    summary = blocks.attach(target.model, path)
+    if not summary["layers"]:
+        raise SpecdecError(f"--kernels blocks: no CPU layer of {path.name} is stored in a format specdec reads "
+                           f"({', '.join(blocks.FORMATS)})")
+    return summary
 
 
 def encode_prompt(target: LoadedModel, text: str, *, raw: bool = False, system: str | None = None,

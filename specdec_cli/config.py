@@ -126,7 +126,7 @@ def check_threads(threads: int | None) -> None:
 # --dtype besides auto -> torch's name of the type (io.models.DTYPES maps them to torch dtypes, vLLM takes the names)
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                "float16": "float16", "fp16": "float16"}
-KERNEL_MODES = ("auto", "exact", "torch")  # --kernels: api.load
+KERNEL_MODES = ("auto", "exact", "blocks", "torch")  # --kernels: api.load
 
 
 def check_dtype(dtype: str) -> None:
@@ -141,6 +141,8 @@ def check_placement(dtype: str, kernels: str) -> None:
     check_dtype(dtype)
     if kernels not in KERNEL_MODES:
         raise SpecdecError(f"--kernels must be {', '.join(KERNEL_MODES[:-1])} or {KERNEL_MODES[-1]}, got {kernels!r}")
+    if kernels == "blocks" and dtype not in ("auto", "float32", "fp32"):
+        raise SpecdecError("--kernels blocks reads a GGUF's blocks into the float32 model: leave --dtype at float32")
 
 
 def check_batch_size(size: int, flag: str = "--batch-size") -> int:

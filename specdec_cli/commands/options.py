@@ -42,7 +42,8 @@ BUDGET = typer.Option("auto", "--budget", help=BUDGET_HELP)
 KERNELS = typer.Option("auto", "--kernels", help="CPU linear kernels of the target and of drafts that are models of "
                        "their own: auto (measured per row count, cached), exact (auto, but a 16-bit prompt's rows "
                        "are never rounded to 16 bits for a faster prefill: the float32 model with 16-bit weights, "
-                       "bit for bit) or torch (PyTorch's own)")
+                       "bit for bit), blocks (auto, and a GGUF target's Q4_1/Q8_0 weights read as stored in its "
+                       "decoding steps: the same float32 weights, a sixth of the bytes) or torch (PyTorch's own)")
 COMPILE = typer.Option("auto", "--compile", help="static KV cache and compiled forwards (CUDA graphs on a GPU): auto "
                        "(on for CUDA, off on the CPU, where it measured slower), on, off, or static (the static cache "
                        "without compiling)")

@@ -26,9 +26,10 @@ def dot_rows(x, w, y):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def dot_rows_span(x, w, y, j0, j1):  # pragma: no cover - compiled
-    """:func:`dot_rows` for the outputs ``j0 <= j < j1`` (:func:`specdec_cli.runtime.tiles.dot_tiled_span`)."""
-    dot_tiled_span(x, w, y, F32, True, j0, j1)
+def dot_rows_span(x, w, y, j0, j1, fmt):  # pragma: no cover - compiled
+    """:func:`dot_rows` for the outputs ``j0 <= j < j1`` (:func:`specdec_cli.runtime.tiles.dot_tiled_span`), the
+    weights in format ``fmt`` (float32, or GGUF blocks: :mod:`specdec_cli.runtime.blocks`)."""
+    dot_tiled_span(x, w, y, fmt, True, j0, j1)
 
 
 _HELPERS: list = []  # [the executor, its worker count]: made at the first call that splits
@@ -47,13 +48,13 @@ def spans(n_out: int, parts: int) -> list[tuple[int, int]]:
     return [(j, min(j + step, n_out)) for j in range(0, n_out, step)]
 
 
-def dot_rows_threads(x, w, y, threads: int) -> None:
+def dot_rows_threads(x, w, y, threads: int, fmt: int = F32) -> None:
     """:func:`dot_rows` over ``threads`` threads, each a span of the outputs (the compiled code releases the
     GIL). The tiles stream the weights from one core at a time; a second core reads the other half, which is what
     a batch's forward (8-32 rows and more) needs on a machine of several cores. Same bits as one thread."""
     parts = spans(w.shape[0], threads)
     if len(parts) < 2:
-        dot_rows(x, w, y)
+        dot_rows_span(x, w, y, 0, w.shape[0], fmt)
         return
     with _MAKING:  # forwards from several Python threads must not replace the executor under one another
         if not _HELPERS or _HELPERS[1] < len(parts) - 1:  # the first split, or more threads than before
@@ -63,8 +64,8 @@ def dot_rows_threads(x, w, y, threads: int) -> None:
                 _HELPERS[0].shutdown(wait=False)
             _HELPERS[:] = [ThreadPoolExecutor(len(parts) - 1, thread_name_prefix="specdec-dot"), len(parts) - 1]
         executor = _HELPERS[0]
-    others = [executor.submit(dot_rows_span, x, w, y, j0, j1) for j0, j1 in parts[1:]]
-    dot_rows_span(x, w, y, *parts[0])
+    others = [executor.submit(dot_rows_span, x, w, y, j0, j1, fmt) for j0, j1 in parts[1:]]
+    dot_rows_span(x, w, y, *parts[0], fmt)
     for done in others:
         done.result()
 
@@ -78,7 +79,7 @@ def warm_up() -> threading.Thread | None:
     def first_call():
         x, w, y = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32)
         dot_rows(x, w, y)
-        dot_rows_span(x, w, y, 0, 1)  # the split's kernel too (the first step of a run of several threads)
+        dot_rows_span(x, w, y, 0, 1, F32)  # the split's kernel too (the first step of a run of several threads)
 
     thread = threading.Thread(target=first_call, name="specdec-dot-warm-up", daemon=True)
     thread.start()

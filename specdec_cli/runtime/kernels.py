@@ -1,11 +1,9 @@
 """CPU linear layers that pick, per number of rows, the fastest of a few float32 formulations of ``x @ W.T``.
 
-Why (docs/profiling.md): on the CPU a decoding step is a handful of rows pushed through every weight matrix, and
-PyTorch's one formulation (``F.linear``, i.e. MKL ``sgemm`` with a transposed B) is far from the memory-bandwidth
-bound for such shapes. Measured on the 2-core EPYC of docs/benchmarks.md, one thread, Gemma-3-270M's 262,144 x 640
-LM head: 57 ms for 1 row, 128 ms for 2, 186 ms for 3 -- while the same products cost 29 ms (1 row, transposed
-copy), 33 ms (2 rows, ``W @ x.T``) and 48 ms (3 rows). Verifying a few draft tokens should cost about what one
-token does; with the stock kernel it costs two to three times as much.
+Why (docs/profiling.md): a CPU decoding step pushes a handful of rows through every weight matrix, and PyTorch's
+one formulation (``F.linear``: MKL ``sgemm``, B transposed) is far from the memory bound for such shapes. On the
+2-core EPYC of docs/benchmarks.md, one thread, Gemma-3-270M's 262,144 x 640 LM head took 57 ms for 1 row, 128 for 2,
+186 for 3; the same products took 29 ms (1 row, transposed copy), 33 (2 rows, ``W @ x.T``) and 48 (3 rows).
 
 :class:`FastLinear` replaces an ``nn.Linear`` (sharing its weight ``Parameter``, so tied weights stay tied) and
 dispatches on the row count through a *plan* measured once per machine, thread count and weight shape
@@ -18,17 +16,17 @@ dispatches on the row count through a *plan* measured once per machine, thread c
 * ``dot``    -- register tiles of 2 rows x 4 outputs (:mod:`specdec_cli.runtime.tiles`, numba), reading ``W`` as
   it is: each weight vector loaded serves two rows, each input vector four outputs. Single-threaded MKL's GEMV
   streams a 576-wide weight at ~11 GB/s on the EPYC of docs/profiling.md, the tiles at the read bandwidth; for 4-8
-  rows MKL's GEMM took 1.9-3.5x one row's time, the tiles take 1.2-1.6x. Each output's sum runs in one order whatever the
-  row count: a verified row's logits are a one-row forward's (while every row count up to it uses ``dot``).
+  rows MKL's GEMM took 1.9-3.5x one row's time, the tiles take 1.2-1.6x. Each output's sum runs in one order
+  whatever the row count: a verified row's logits are a one-row forward's (while every row count up to it uses
+  ``dot``). ``blocks``: ``dot``'s tiles reading a GGUF file's blocks (:mod:`specdec_cli.runtime.blocks`).
 
 16-bit weights (``--dtype bfloat16|float16``) get :mod:`specdec_cli.runtime.kernels16`'s row-invariant strategies
 instead (the weight read as stored, float32 rows in and out), in plans keyed by the weight's dtype.
 
-All four compute the float32 product (only the summation order differs, as it does between PyTorch's own
-kernels for different row counts). Copies are kept only where the plan uses them and only while they fit in
-:data:`EXTRA_MEMORY_FRACTION` of the available memory. The fast path is taken only inside :func:`active` (the
-engine's forwards), so anything else calling the model -- transformers' own ``generate`` in ``specdec bench`` --
-runs the stock layers.
+All compute the float32 product (only the summation order differs, as between PyTorch's own kernels for
+different row counts). Copies are kept only where the plan uses them and while they fit in
+:data:`EXTRA_MEMORY_FRACTION` of the available memory. The fast path runs only inside :func:`active` (the engine's
+forwards): anything else calling the model (transformers' own ``generate`` in ``specdec bench``) runs the stock layers.
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ import torch.nn.functional as F
 
 from ..io.atomic import write_cache
 from ..io.jsonl import read_json
+from . import blocks
 from .dot import dot_rows_threads
 from .jit import COMPILED
 from .kernels16 import FORMATS, apply16, is_16bit, prefill_strategy, stored, tune_shape16
@@ -58,7 +57,7 @@ TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the 
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3
 
-_ACTIVE = False
+_ACTIVE = False  # inside active(): the engine's forwards
 PACKED = ("wt", "mkldnn", "dot")  # strategies that keep something beside the weight (only "wt"/"mkldnn" copy it)
 COPIES = ("wt", "mkldnn")
 SWAPS = "_specdec_kernel_swaps"  # a model attribute counting installs (runtime.decoder re-reads the layers)
@@ -122,6 +121,7 @@ class FastLinear(torch.nn.Module):
         # 16-bit weights: float32 rows through kernels16 (``_bits``: the weight's bits as uint16, no copy)
         self._bits = stored(self.weight) if is_16bit(self.weight) else None
         self.table = [self.plan.get(bucket_of(n), "nt") for n in range(WIDE + 1)]
+        self._blocks, self.table = blocks.adopt(linear, self.table)  # GGUF blocks (--kernels blocks)
         self.wide = prefill_strategy(linear.weight.dtype) if self._bits is not None else self.plan.get(BUCKETS[-1], "nt")
         with torch.no_grad():
             self._packed = {s: _pack(s, self.weight) for s in set(self.plan.values()) if s in PACKED}
@@ -138,6 +138,8 @@ class FastLinear(torch.nn.Module):
             strategy = self.table[n] if n <= WIDE else self.wide
         if strategy == "nt":
             return F.linear(x, self.weight, self.bias)
+        if strategy == "blocks":
+            return blocks.linear(x, self._blocks, self.bias, self.out_features)
         if self._bits is not None:
             y = apply16(strategy, x.reshape(n, self.in_features).contiguous(), self.weight, self._bits)
             if self.bias is not None:

@@ -26,8 +26,12 @@ from .jit import COMPILED, njit
 VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output)
 OUTS = 4  # outputs per tile: 2 rows x 4 outputs = 8 accumulators + 4 weight vectors + 1 input: AVX2's 16 registers
 PAIR = 2  # rows per tile (3 rows x 4 outputs measured slower: the 12 accumulators leave too few registers)
-F32, BF16, FP16 = 0, 1, 2  # weight formats (an int: one compiled driver serves all three)
-ITEM_BYTES = np.array([4, 2, 2], np.int64)  # bytes of one stored weight, per format
+F32, BF16, FP16, Q4_1, Q8_0 = 0, 1, 2, 3, 4  # weight formats (an int: one compiled driver serves them all)
+ITEM_BYTES = np.array([4, 2, 2, 0, 0], np.int64)  # bytes of one stored weight, per format (0: GGUF blocks)
+# GGUF blocks (ggml's layout): 32 weights of one row each; Q4_1: float16 scale d and minimum m, then 16 bytes of
+# nibbles (weight i low, i + 16 high), w = d * q + m; Q8_0: float16 d, then 32 int8, w = q * d
+BLOCK = 32
+BLOCK_BYTES = np.array([0, 0, 0, 20, 34], np.int64)
 
 if COMPILED:  # pragma: no branch - without numba the plans never pick these kernels
     from llvmlite import ir
@@ -54,6 +58,27 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         kind = _VI16 if vector else _I16
         return _widen(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), kind.as_pointer()), align=2),
                       fmt, vector)
+
+    def _block_weights(builder, w_addr, row_bytes, j: int, b, fmt: int) -> list:
+        """Block ``b`` of weight row ``j`` (GGUF) as four float32 vectors (weights ``32b + 8i .. 32b + 8i + 7``),
+        de-quantized as gguf's reference does it in float32 (``d * q + m``: multiply, then add; ``q * d``): the
+        bits of the de-quantized file."""
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        at = builder.add(builder.add(w_addr, builder.mul(row_bytes, c64(j))),
+                         builder.mul(b, c64(int(BLOCK_BYTES[fmt]))))
+        ptr = lambda off, kind: builder.inttoptr(builder.add(at, c64(off)), kind.as_pointer())  # noqa: E731
+        splat = lambda v: builder.shuffle_vector(  # noqa: E731 - one float in every lane
+            builder.insert_element(ir.Constant(_VF, ir.Undefined), v, ir.Constant(_I32, 0)),
+            ir.Constant(_VF, ir.Undefined), ir.Constant(_VI32, [0] * VECTOR))
+        d = splat(builder.fpext(builder.load(ptr(0, ir.HalfType())), _F32))
+        v8 = ir.VectorType(ir.IntType(8), VECTOR)
+        if fmt == Q8_0:
+            return [builder.fmul(builder.sitofp(builder.load(ptr(2 + 8 * i, v8), align=1), _VF), d) for i in range(4)]
+        m = splat(builder.fpext(builder.load(ptr(2, ir.HalfType())), _F32))
+        low = [builder.zext(builder.load(ptr(4 + 8 * i, v8), align=1), _VI32) for i in range(2)]
+        q = [builder.and_(v, ir.Constant(_VI32, [15] * VECTOR)) for v in low]
+        q += [builder.lshr(v, ir.Constant(_VI32, [4] * VECTOR)) for v in low]  # weights 16-31: the high nibbles
+        return [builder.fadd(builder.fmul(d, builder.uitofp(v, _VF)), m) for v in q]
 
     def fma_sums(builder, trip, count: int, body):
         """A counted loop of ``trip`` iterations (an i64 value; none when it is <= 0) carrying ``count`` 8-lane
@@ -99,11 +124,10 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         xp = builder.inttoptr(x_addr, _F32.as_pointer())
         wp = builder.inttoptr(w_addr, (_F32 if fmt == F32 else _I16).as_pointer())
         chunks = builder.sdiv(k_dim, c64(VECTOR))
+        blocks = fmt in (Q4_1, Q8_0)  # K is then a multiple of 32: no leftovers
+        row_bytes = builder.mul(builder.sdiv(k_dim, c64(BLOCK)), c64(int(BLOCK_BYTES[fmt])))
 
-        def chunk(c, accs):  # 8 products for every (row, output) pair; accumulator r * outs + j
-            k = builder.mul(c, c64(VECTOR))
-            _prefetch(builder, w_addr, k_dim, c, outs, fmt)
-            ws = [_load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, True) for j in range(outs)]
+        def products(k, ws, accs):  # 8 products for every (row, output) pair; accumulator r * outs + j
             new = []
             for r in range(rows):
                 xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(builder.mul(k_dim, c64(r)), k)]),
@@ -111,9 +135,24 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
                 new += [builder.call(fma, [xv, ws[j], accs[r * outs + j]]) for j in range(outs)]
             return new
 
-        finals = fma_sums(builder, chunks, rows * outs, chunk)
+        def chunk(c, accs):
+            k = builder.mul(c, c64(VECTOR))
+            _prefetch(builder, w_addr, k_dim, c, outs, fmt)
+            return products(k, [_load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, True)
+                                for j in range(outs)], accs)
+
+        def block(b, accs):  # a GGUF block per iteration: its four chunks in chunk order (the same sums as chunk's)
+            ws = [_block_weights(builder, w_addr, row_bytes, j, b, fmt) for j in range(outs)]
+            for i in range(BLOCK // VECTOR):
+                accs = products(builder.add(builder.mul(b, c64(BLOCK)), c64(i * VECTOR)), [w[i] for w in ws], accs)
+            return accs
+
+        if blocks:
+            finals = fma_sums(builder, builder.sdiv(k_dim, c64(BLOCK)), rows * outs, block)
+        else:
+            finals = fma_sums(builder, chunks, rows * outs, chunk)
         sums = [[lane_tree(builder, finals[r * outs + j]) for j in range(outs)] for r in range(rows)]
-        for r in range(rows):  # the K mod 8 leftovers, one by one, in order
+        for r in range(rows if not blocks else 0):  # the K mod 8 leftovers, one by one, in order
             for j in range(outs):
                 sums[r][j] = _leftovers(builder, xp, wp, k_dim, chunks, r, j, sums[r][j], fmt)
         yp = builder.inttoptr(y_addr, _F32.as_pointer())
@@ -172,10 +211,12 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
 
         return tile
 
-    _T = {(fmt, r, j): _tile(r, j, fmt) for fmt in (F32, BF16, FP16) for r in (1, PAIR) for j in (1, OUTS)}
+    _T = {(fmt, r, j): _tile(r, j, fmt) for fmt in (F32, BF16, FP16, Q4_1, Q8_0) for r in (1, PAIR) for j in (1, OUTS)}
     f32_2x4, f32_1x4, f32_2x1, f32_1x1 = _T[F32, 2, 4], _T[F32, 1, 4], _T[F32, 2, 1], _T[F32, 1, 1]
     bf16_2x4, bf16_1x4, bf16_2x1, bf16_1x1 = _T[BF16, 2, 4], _T[BF16, 1, 4], _T[BF16, 2, 1], _T[BF16, 1, 1]
     fp16_2x4, fp16_1x4, fp16_2x1, fp16_1x1 = _T[FP16, 2, 4], _T[FP16, 1, 4], _T[FP16, 2, 1], _T[FP16, 1, 1]
+    q41_2x4, q41_1x4, q41_2x1, q41_1x1 = _T[Q4_1, 2, 4], _T[Q4_1, 1, 4], _T[Q4_1, 2, 1], _T[Q4_1, 1, 1]
+    q80_2x4, q80_1x4, q80_2x1, q80_1x1 = _T[Q8_0, 2, 4], _T[Q8_0, 1, 4], _T[Q8_0, 2, 1], _T[Q8_0, 1, 1]
 
     @njit(cache=True, nogil=True, boundscheck=False, inline="always")
     def _tile_at(fmt, rows, outs, xa, wa, k_dim, ya, n_out):  # pragma: no cover - compiled
@@ -190,11 +231,21 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
                 bf16_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else bf16_2x1(xa, wa, k_dim, ya, n_out)
             else:
                 bf16_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else bf16_1x1(xa, wa, k_dim, ya, n_out)
-        else:
+        elif fmt == FP16:
             if rows == 2:
                 fp16_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else fp16_2x1(xa, wa, k_dim, ya, n_out)
             else:
                 fp16_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else fp16_1x1(xa, wa, k_dim, ya, n_out)
+        elif fmt == Q4_1:
+            if rows == 2:
+                q41_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q41_2x1(xa, wa, k_dim, ya, n_out)
+            else:
+                q41_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q41_1x1(xa, wa, k_dim, ya, n_out)
+        else:
+            if rows == 2:
+                q80_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q80_2x1(xa, wa, k_dim, ya, n_out)
+            else:
+                q80_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q80_1x1(xa, wa, k_dim, ya, n_out)
 
     @njit(cache=True, nogil=True, boundscheck=False)
     def dot_tiled(x, w, y, fmt, pair):  # pragma: no cover - compiled
@@ -212,21 +263,30 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         n, k_dim = x.shape
         n_out = w.shape[0]
         xa, wa, ya = x.ctypes.data, w.ctypes.data, y.ctypes.data
-        item = ITEM_BYTES[fmt]
+        row_bytes = k_dim * ITEM_BYTES[fmt] if ITEM_BYTES[fmt] else k_dim // BLOCK * BLOCK_BYTES[fmt]
         j = j0
         while j < j1:
             outs = OUTS if j + OUTS <= j1 else 1
             r = 0
             while r < n:
                 rows = PAIR if pair and r + PAIR <= n else 1
-                _tile_at(fmt, rows, outs, xa + r * k_dim * 4, wa + j * k_dim * item, k_dim, ya + (r * n_out + j) * 4,
+                _tile_at(fmt, rows, outs, xa + r * k_dim * 4, wa + j * row_bytes, k_dim, ya + (r * n_out + j) * 4,
                          n_out)
                 r += rows
             j += outs
 else:  # pragma: no cover - numba is a dependency; without it the plans never pick these, imports still work
     def dot_tiled_span(x, w, y, fmt, pair, j0, j1):
         w = w[j0:j1]
-        if fmt != F32:
+        if fmt in (Q4_1, Q8_0):  # gguf's reference de-quantization, in float32
+            b = w.reshape(w.shape[0], -1, int(BLOCK_BYTES[fmt]))
+            d = np.ascontiguousarray(b[..., :2]).view(np.float16).astype(np.float32)
+            if fmt == Q8_0:
+                w = (b[..., 2:].view(np.int8).astype(np.float32) * d).reshape(w.shape[0], -1)
+            else:
+                m = np.ascontiguousarray(b[..., 2:4]).view(np.float16).astype(np.float32)
+                q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).astype(np.float32)
+                w = (d * q + m).reshape(w.shape[0], -1)
+        elif fmt != F32:
             w = (w.astype(np.uint32) << 16).view(np.float32) if fmt == BF16 else w.view(np.float16).astype(np.float32)
         y[:, j0:j1] = x @ w.T
 

@@ -1,0 +1,105 @@
+"""GGUF weights read as stored (``--kernels blocks``, issue 35): the linear layers of a target loaded from a GGUF
+file keep the file's quantized blocks beside their de-quantized float32 weights, and decoding steps read the
+blocks, widening them to float32 in registers (:mod:`specdec_cli.runtime.tiles`, formats ``Q4_1`` and ``Q8_0``).
+
+**The same model, bit for bit.** A block is de-quantized in registers by the float operations of gguf's reference
+(``d * q + m``, ``q * d`` in float32), so every weight equals the float32 one transformers converted from the
+file, and the tiles sum the products in the order of the ``dot`` strategy: a product read from the blocks has the
+bits ``dot`` gives on the float32 weights. Each layer's blocks are checked against its float32 weight when they
+are attached; a layer whose blocks do not give its weight bit for bit keeps the float32 path.
+
+Why: a decoding step is memory-bound and the float32 copy is 4 bytes a weight; SmolLM2's file stores its linear
+layers in ``Q4_1`` (0.625 bytes a weight) and its tied embedding in ``Q8_0`` (1.06). Other block formats
+(Gemma-3's ``Q4_K``/``Q6_K``) keep the float32 path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .dot import dot_rows_threads
+from .tiles import BLOCK, Q4_1, Q8_0
+
+FORMATS = {"Q4_1": Q4_1, "Q8_0": Q8_0}  # GGUF tensor type -> tiles format
+ATTR = "_specdec_gguf_blocks"  # set on an nn.Linear: (format, blocks [out, in // 32 * block bytes] uint8)
+# GGUF's per-layer tensor names (llama.cpp's converter) -> the transformers module of a Llama or Gemma-3 layer
+LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj"}
+
+
+def _linear_of(model, gguf_name: str):
+    """The ``nn.Linear`` that GGUF tensor ``gguf_name`` is the weight of (None: none here)."""
+    parts = gguf_name.split(".")
+    if gguf_name in ("output.weight", "token_embd.weight"):  # the head (its own, or tied to the embedding)
+        head = model.get_output_embeddings()
+        tied = head is not None and head.weight is model.get_input_embeddings().weight
+        return head if gguf_name == "output.weight" or tied else None
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in LAYER_NAMES and parts[3] == "weight":
+        try:
+            return model.get_submodule(f"model.layers.{int(parts[1])}.{LAYER_NAMES[parts[2]]}")
+        except (AttributeError, ValueError):
+            return None
+    return None
+
+
+def _rows(gguf_name: str, n_out: int, config) -> np.ndarray | None:
+    """The order of the file's rows in the model: llama.cpp's converter permutes a Llama's q and k rows for its
+    rotary layout, and transformers permutes them back when it loads the file (its ``_reverse_permute_weights``)."""
+    if config.model_type != "llama" or not (".attn_q." in gguf_name or ".attn_k." in gguf_name):
+        return None
+    heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
+    return np.arange(n_out).reshape(heads, n_out // heads // 2, 2).swapaxes(2, 1).reshape(n_out)
+
+
+def attach(model, gguf_path) -> dict:
+    """Read ``gguf_path``'s blocks into the float32 linear layers of ``model`` (converted from that file) whose
+    weights they give bit for bit. Returns a summary: layers with blocks, per format, and the bytes a step reads
+    from them against their float32 weights."""
+    from gguf import GGUFReader, quants
+
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    summary = {"layers": 0, "formats": {}, "block_bytes": 0, "float32_bytes": 0, "mismatched": []}
+    for tensor in GGUFReader(str(gguf_path)).tensors:
+        fmt = FORMATS.get(tensor.tensor_type.name)
+        layer = _linear_of(model, tensor.name) if fmt is not None else None
+        if layer is None or layer.weight.dtype != torch.float32 or layer.weight.device.type != "cpu":
+            continue
+        blocks = np.asarray(tensor.data, dtype=np.uint8)
+        blocks = blocks.reshape(blocks.shape[0], -1)
+        order = _rows(tensor.name, blocks.shape[0], cfg)
+        blocks = np.ascontiguousarray(blocks if order is None else blocks[order])
+        weight = layer.weight.detach().numpy()
+        if weight.shape[1] % BLOCK or not np.array_equal(quants.dequantize(blocks, tensor.tensor_type), weight):
+            summary["mismatched"].append(tensor.name)
+            continue
+        setattr(layer, ATTR, (fmt, blocks))
+        summary["layers"] += 1
+        name = tensor.tensor_type.name
+        summary["formats"][name] = summary["formats"].get(name, 0) + 1
+        summary["block_bytes"] += blocks.nbytes
+        summary["float32_bytes"] += weight.nbytes
+    return summary
+
+
+BLOCK_ROWS = 8  # rows up to which a product reads the blocks: above, the float32 plan's compute-bound kernels win
+# (SmolLM2, one thread, Intel Xeon VM: blocks 1.87x the float32 plan at 1 row, 1.21x at 8, 0.97x at 12)
+
+
+def adopt(linear, table: list[str]) -> tuple[tuple | None, list[str]]:
+    """A :class:`~specdec_cli.runtime.kernels.FastLinear`'s blocks (None: none attached to ``linear``) and its
+    strategy per row count: ``blocks`` from 1 to :data:`BLOCK_ROWS` rows, the float32 plan's above."""
+    found = getattr(linear, ATTR, None)
+    if found is None:
+        return None, table
+    return found, ["blocks" if 1 <= n <= BLOCK_ROWS else s for n, s in enumerate(table)]
+
+
+def linear(x: torch.Tensor, blocks: tuple[int, np.ndarray], bias, n_out: int) -> torch.Tensor:
+    """``x [..., K] @ W.T (+ bias) -> [..., n_out]`` with ``W`` read from its blocks, over torch's threads (each a
+    span of the outputs: the same bits as one thread)."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty((x2.shape[0], n_out), dtype=torch.float32)
+    dot_rows_threads(x2.detach().numpy(), blocks[1], y.numpy(), torch.get_num_threads(), blocks[0])
+    return (y if bias is None else y + bias).view(*x.shape[:-1], n_out)

@@ -1,0 +1,109 @@
+"""GGUF weights read as stored (``--kernels blocks``, issue 35): the tiles de-quantize ``Q4_1``/``Q8_0`` blocks in
+registers to the very float32 weights gguf's reference gives, so a product read from the blocks has the bits of the
+``dot`` strategy on the de-quantized weights; SmolLM2's shipped file attaches to every linear layer, and greedy
+decoding is the float32 path's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_cli.runtime import blocks, kernels, tiles
+from specdec_cli.runtime.dot import dot_rows_threads
+
+from conftest import CHAT_PROMPTS
+
+pytestmark = pytest.mark.skipif("dot" not in kernels.STRATEGIES, reason="numba not installed")
+QUANT = {tiles.Q4_1: "Q4_1", tiles.Q8_0: "Q8_0"}
+
+
+def random_blocks(fmt: int, n_out: int, k_dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of ``fmt`` with random quants and float16 scales (and minima), and gguf's float32 de-quantization."""
+    from gguf import GGMLQuantizationType, quants
+
+    rng = np.random.default_rng(seed)
+    size = int(tiles.BLOCK_BYTES[fmt])
+    raw = rng.integers(0, 256, (n_out, k_dim // tiles.BLOCK, size), dtype=np.uint8)
+    halves = 2 if fmt == tiles.Q4_1 else 1  # d (and m) at the start of each block
+    scales = rng.normal(0, 0.02, (n_out, k_dim // tiles.BLOCK, halves)).astype(np.float16)
+    raw[..., : 2 * halves] = scales.view(np.uint8).reshape(raw[..., : 2 * halves].shape)
+    raw = np.ascontiguousarray(raw.reshape(n_out, -1))
+    return raw, quants.dequantize(raw, getattr(GGMLQuantizationType, QUANT[fmt])).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", list(QUANT))
+@pytest.mark.parametrize("shape", [(37, 32), (1536, 576), (5, 96)])  # leftover outputs; SmolLM2's; one tile
+def test_blocks_give_the_bits_of_dot_on_the_dequantized_weights_for_every_row_and_thread(fmt, shape):
+    n_out, k_dim = shape
+    raw, weights = random_blocks(fmt, n_out, k_dim)
+    x = np.random.default_rng(1).normal(size=(9, k_dim)).astype(np.float32)
+    for n in (1, 2, 3, 8, 9):
+        for threads in (1, 2):
+            from_blocks, from_floats = np.empty((n, n_out), np.float32), np.empty((n, n_out), np.float32)
+            dot_rows_threads(x[:n], raw, from_blocks, threads, fmt)
+            dot_rows_threads(x[:n], weights, from_floats, 1)
+            assert np.array_equal(from_blocks, from_floats), (n, threads)
+    assert np.allclose(from_blocks, x @ weights.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", list(QUANT))
+def test_the_numpy_fallback_dequantizes_as_gguf_does(fmt, monkeypatch):
+    """Without numba the tiles module's plain path (the same module's fallback) gives gguf's weights too."""
+    raw, weights = random_blocks(fmt, 6, 64)
+    x = np.random.default_rng(2).normal(size=(3, 64)).astype(np.float32)
+    src = tiles.__file__
+    namespace = {"__name__": "tiles_fallback"}
+    code = open(src, encoding="utf-8").read().replace("from .jit import COMPILED, njit",
+                                                        "COMPILED = False\nnjit = None")
+    exec(compile(code, src, "exec"), namespace)  # noqa: S102 - the module's own source, numba switched off
+    y = np.empty((3, 6), np.float32)
+    namespace["dot_tiled_span"](x, raw, y, fmt, True, 0, 6)
+    assert np.allclose(y, x @ weights.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_smollm2_reads_its_shipped_blocks_with_the_float32_models_greedy_output(smollm2):
+    """Every linear layer of SmolLM2's shipped file (Q4_1, and the tied head's Q8_0) attaches bit for bit, and greedy
+    decoding through the blocks gives the float32 path's tokens, for ``ar`` and ``auto``."""
+    from specdec_cli import api
+
+    target, _ = api.load("smollm2-135m", kernel_mode="blocks")
+    summary = target.info["blocks"]
+    assert summary["layers"] == 211 and summary["formats"] == {"Q4_1": 210, "Q8_0": 1} and not summary["mismatched"]
+    assert summary["block_bytes"] < 0.2 * summary["float32_bytes"]
+    layers = [m for m in target.model.modules() if isinstance(m, kernels.FastLinear)]
+    assert all(m._blocks is not None and m.table[1] == "blocks" for m in layers)
+    settings = api.RunSettings(max_new_tokens=24)
+    for prompt in CHAT_PROMPTS[:2]:
+        ids = api.encode_prompt(target, prompt)
+        plain = api.run(smollm2, ids, api.make_drafter("ar", smollm2, [], settings), settings).tokens
+        for method in ("ar", "auto"):
+            drafter = api.make_drafter(method, target, [], settings)
+            assert api.run(target, ids, drafter, settings).tokens == plain, method
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--kernels", "blocks", "--dtype", "bfloat16"], "leave --dtype at float32"),
+    (["--kernels", "blockz"], "--kernels must be"),
+])
+def test_cli_rejects_blocks_it_cannot_read_in_one_line(args, says):
+    done = subprocess.run([sys.executable, "-m", "specdec_cli.cli", "generate", "--model", "smollm2-135m", *args,
+                           "hello"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_blocks_need_a_model_converted_from_gguf(tmp_path):
+    from conftest import tiny_llama
+    from specdec_cli import api
+    from specdec_cli.errors import SpecdecError
+
+    model = tiny_llama(vocab=16)
+    model.save_pretrained(tmp_path / "tiny")
+    with pytest.raises(SpecdecError, match="was not converted from one"):
+        api.attach_blocks(api.LoadedModel(model, None, str(tmp_path / "tiny"), False, {"source": str(tmp_path)}))
+    assert blocks.adopt(torch.nn.Linear(4, 4), ["nt"] * 3) == (None, ["nt"] * 3)
