@@ -1,10 +1,12 @@
-"""Issue 35: how often greedy decoding of the 16-bit model gives the float32 model's output.
+"""Issue 35: how often greedy decoding of the 16-bit model (or of the GGUF blocks) gives the float32 model's output.
 
     python scripts/dtype_agreement.py --model smollm2-135m --prompts humaneval,mt-bench,rag,long-edit --limit 8 -n 128
+    python scripts/dtype_agreement.py --dtypes blocks ...    # --kernels blocks against float32
 
 For each prompt (first turns), `ar` at float32, bfloat16 and float16 (the 16-bit models are the float32 one with
-its weights rounded to 16 bits: docs/profiling.md, issue 35); prints, per set and 16-bit type, how many outputs
-equal float32's and where the others first differ. JSON with --json.
+its weights rounded to 16 bits: docs/profiling.md, issue 35), and `blocks`: float32 with `--kernels blocks` (the
+same weights, read from the GGUF file's blocks); prints, per set and type, how many outputs equal float32's and
+where the others first differ. JSON with --json.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def main() -> None:
     dtypes = ["float32", *args.dtypes.split(",")]
     outputs: dict[str, dict[str, list[list[int]]]] = {}
     for dtype in dtypes:
-        target, _ = api.load(args.model, dtype=dtype, device="cpu")
+        blocks = dtype == "blocks"  # the float32 model, its products read from the GGUF's blocks
+        target, _ = api.load(args.model, dtype="float32" if blocks else dtype, device="cpu",
+                             kernel_mode="blocks" if blocks else "auto")
         drafter = api.make_drafter("ar", target)
         for name in args.prompts.split(","):
             rows = outputs.setdefault(name, {}).setdefault(dtype, [])

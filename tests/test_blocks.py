@@ -18,7 +18,7 @@ from specdec_cli.runtime.dot import dot_rows_threads
 from conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.skipif("dot" not in kernels.STRATEGIES, reason="numba not installed")
-QUANT = {tiles.Q4_1: "Q4_1", tiles.Q8_0: "Q8_0"}
+QUANT = {tiles.Q4_1: "Q4_1", tiles.Q8_0: "Q8_0", tiles.Q5_0: "Q5_0"}
 
 
 def random_blocks(fmt: int, n_out: int, k_dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from .dot import dot_rows_threads
-from .tiles import BLOCK, Q4_1, Q8_0
+from .tiles import BLOCK, Q4_1, Q5_0, Q8_0
 
-FORMATS = {"Q4_1": Q4_1, "Q8_0": Q8_0}  # GGUF tensor type -> tiles format
+FORMATS = {"Q4_1": Q4_1, "Q8_0": Q8_0, "Q5_0": Q5_0}  # GGUF tensor type -> tiles format
 ATTR = "_specdec_gguf_blocks"  # set on an nn.Linear: (format, blocks [out, in // 32 * block bytes] uint8)
 # GGUF's per-layer tensor names (llama.cpp's converter) -> the transformers module of a Llama or Gemma-3 layer
 LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -53,11 +53,28 @@ def _rows(gguf_name: str, n_out: int, config) -> np.ndarray | None:
     return np.arange(n_out).reshape(heads, n_out // heads // 2, 2).swapaxes(2, 1).reshape(n_out)
 
 
+CHECK_ROWS = 4096  # rows de-quantized at a time by the check (Gemma-3's 262,144-row head: 10 MB, not 671 MB)
+
+
+def same_weights(blocks: np.ndarray, kind, weight: np.ndarray) -> bool:
+    """Whether gguf's de-quantization of ``blocks`` is ``weight``, bit for bit (``kind``: the GGUF tensor type)."""
+    from gguf import quants
+
+    if blocks.shape[0] != weight.shape[0]:
+        return False
+    for at in range(0, weight.shape[0], CHECK_ROWS):
+        part, mine = quants.dequantize(blocks[at: at + CHECK_ROWS], kind), weight[at: at + CHECK_ROWS]
+        bits = part.astype(np.float32).view(np.uint32)  # compared as bits: -0.0 is not 0.0
+        if part.shape != mine.shape or not np.array_equal(bits, mine.view(np.uint32)):
+            return False
+    return True
+
+
 def attach(model, gguf_path) -> dict:
     """Read ``gguf_path``'s blocks into the float32 linear layers of ``model`` (converted from that file) whose
     weights they give bit for bit. Returns a summary: layers with blocks, per format, and the bytes a step reads
     from them against their float32 weights."""
-    from gguf import GGUFReader, quants
+    from gguf import GGUFReader
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     summary = {"layers": 0, "formats": {}, "block_bytes": 0, "float32_bytes": 0, "mismatched": []}
@@ -71,7 +88,7 @@ def attach(model, gguf_path) -> dict:
         order = _rows(tensor.name, blocks.shape[0], cfg)
         blocks = np.ascontiguousarray(blocks if order is None else blocks[order])
         weight = layer.weight.detach().numpy()
-        if weight.shape[1] % BLOCK or not np.array_equal(quants.dequantize(blocks, tensor.tensor_type), weight):
+        if weight.shape[1] % BLOCK or not same_weights(blocks, tensor.tensor_type, weight):
             summary["mismatched"].append(tensor.name)
             continue
         setattr(layer, ATTR, (fmt, blocks))

@@ -1,14 +1,53 @@
 """numba's ``njit`` where numba is installed; otherwise a decorator that leaves the function as plain Python
-(slower, identical results). ``COMPILED`` says which one this installation got."""
+(slower, identical results). ``COMPILED`` says which one this installation got.
+
+**The compiled code's cache follows every compiled source.** numba keeps a compiled function beside its source
+file and checks only that file's time: a function that inlines another module's compiled code (the tiles, into
+``dot``, ``dot16``, ``attend``, ``fused``) kept its old machine code after only the other module changed -- new
+GGUF formats computed garbage through a stale ``dot`` until its own file was touched. So the cache lives under
+``$SPECDEC_CACHE/numba/DIGEST``, ``DIGEST`` from the text of every module that compiles anything: any change to any
+of them starts a fresh cache. ``NUMBA_CACHE_DIR``, where the user set it, wins.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
+from ..io.aliases import cache_root
+
 try:  # pragma: no cover - exercised either way depending on the installation
+    import numba
     from numba import njit
 except ImportError:  # pragma: no cover
+    numba = None
+
     def njit(*args, **kwargs):
         if args and callable(args[0]):
             return args[0]
         return lambda fn: fn
 
 COMPILED = njit.__module__.startswith("numba") if hasattr(njit, "__module__") else False
+
+
+def compiled_sources_digest() -> str:
+    """A digest of every module of the package that compiles code with numba (their paths and text)."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_bytes()
+        if b"njit" in text:
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + text)
+    return digest.hexdigest()[:16]
+
+
+def cache_dir() -> Path | None:
+    """Where numba caches this package's compiled functions (None: where the user's ``NUMBA_CACHE_DIR`` says)."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return None
+    return cache_root() / "numba" / compiled_sources_digest()
+
+
+if COMPILED and cache_dir() is not None:  # before any module here defines a compiled function
+    numba.config.CACHE_DIR = str(cache_dir())

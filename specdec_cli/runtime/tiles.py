@@ -26,12 +26,13 @@ from .jit import COMPILED, njit
 VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output)
 OUTS = 4  # outputs per tile: 2 rows x 4 outputs = 8 accumulators + 4 weight vectors + 1 input: AVX2's 16 registers
 PAIR = 2  # rows per tile (3 rows x 4 outputs measured slower: the 12 accumulators leave too few registers)
-F32, BF16, FP16, Q4_1, Q8_0 = 0, 1, 2, 3, 4  # weight formats (an int: one compiled driver serves them all)
-ITEM_BYTES = np.array([4, 2, 2, 0, 0], np.int64)  # bytes of one stored weight, per format (0: GGUF blocks)
+F32, BF16, FP16, Q4_1, Q8_0, Q5_0 = 0, 1, 2, 3, 4, 5  # weight formats (an int: one compiled driver serves them all)
+ITEM_BYTES = np.array([4, 2, 2, 0, 0, 0], np.int64)  # bytes of one stored weight, per format (0: GGUF blocks)
 # GGUF blocks (ggml's layout): 32 weights of one row each; Q4_1: float16 scale d and minimum m, then 16 bytes of
-# nibbles (weight i low, i + 16 high), w = d * q + m; Q8_0: float16 d, then 32 int8, w = q * d
+# nibbles (weight i low, i + 16 high), w = d * q + m; Q8_0: float16 d, then 32 int8, w = q * d; Q5_0: float16 d,
+# 32 high bits (bit i: weight i's), then Q4_1's nibbles, w = d * (q - 16)
 BLOCK = 32
-BLOCK_BYTES = np.array([0, 0, 0, 20, 34], np.int64)
+BLOCK_BYTES = np.array([0, 0, 0, 20, 34, 22], np.int64)
 
 if COMPILED:  # pragma: no branch - without numba the plans never pick these kernels
     from llvmlite import ir
@@ -74,10 +75,21 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         v8 = ir.VectorType(ir.IntType(8), VECTOR)
         if fmt == Q8_0:
             return [builder.fmul(builder.sitofp(builder.load(ptr(2 + 8 * i, v8), align=1), _VF), d) for i in range(4)]
-        m = splat(builder.fpext(builder.load(ptr(2, ir.HalfType())), _F32))
-        low = [builder.zext(builder.load(ptr(4 + 8 * i, v8), align=1), _VI32) for i in range(2)]
+        first = 6 if fmt == Q5_0 else 4  # the nibbles' first byte
+        low = [builder.zext(builder.load(ptr(first + 8 * i, v8), align=1), _VI32) for i in range(2)]
         q = [builder.and_(v, ir.Constant(_VI32, [15] * VECTOR)) for v in low]
         q += [builder.lshr(v, ir.Constant(_VI32, [4] * VECTOR)) for v in low]  # weights 16-31: the high nibbles
+        if fmt == Q5_0:  # bit i of the 32 high bits is weight i's fifth bit; q - 16 in -16 .. 15
+            high = builder.load(ptr(2, _I32), align=1)
+            high = builder.shuffle_vector(builder.insert_element(ir.Constant(_VI32, ir.Undefined), high,
+                                                                 ir.Constant(_I32, 0)),
+                                          ir.Constant(_VI32, ir.Undefined), ir.Constant(_VI32, [0] * VECTOR))
+            one, four, sixteen = (ir.Constant(_VI32, [v] * VECTOR) for v in (1, 4, 16))
+            bits = [builder.shl(builder.and_(builder.lshr(high, ir.Constant(_VI32, list(range(8 * i, 8 * i + 8)))),
+                                             one), four) for i in range(4)]
+            return [builder.fmul(d, builder.sitofp(builder.sub(builder.or_(v, b), sixteen), _VF))
+                    for v, b in zip(q, bits)]
+        m = splat(builder.fpext(builder.load(ptr(2, ir.HalfType())), _F32))
         return [builder.fadd(builder.fmul(d, builder.uitofp(v, _VF)), m) for v in q]
 
     def fma_sums(builder, trip, count: int, body):
@@ -124,7 +136,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         xp = builder.inttoptr(x_addr, _F32.as_pointer())
         wp = builder.inttoptr(w_addr, (_F32 if fmt == F32 else _I16).as_pointer())
         chunks = builder.sdiv(k_dim, c64(VECTOR))
-        blocks = fmt in (Q4_1, Q8_0)  # K is then a multiple of 32: no leftovers
+        blocks = fmt in (Q4_1, Q8_0, Q5_0)  # K is then a multiple of 32: no leftovers
         row_bytes = builder.mul(builder.sdiv(k_dim, c64(BLOCK)), c64(int(BLOCK_BYTES[fmt])))
 
         def products(k, ws, accs):  # 8 products for every (row, output) pair; accumulator r * outs + j
@@ -197,55 +209,38 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         out.add_incoming(more, body)
         return out
 
-    def _tile(rows: int, outs: int, fmt: int):
-        """An intrinsic ``tile(x_addr, w_addr, K, y_addr, y_stride)``: rows ``x[0:rows]`` (``K`` floats apart) times
-        weight rows ``w[0:outs]`` (``K`` elements apart), stored at ``y[r * y_stride + j]``."""
+    def _tile(rows: int, outs: int):
+        """An intrinsic ``tile(fmt, x_addr, w_addr, K, y_addr, y_stride)``: rows ``x[0:rows]`` (``K`` floats apart)
+        times weight rows ``w[0:outs]`` (``K`` elements, or ``K / 32`` blocks, apart) in format ``fmt``, stored at
+        ``y[r * y_stride + j]``. One switch on ``fmt`` per tile, then that format's loop."""
 
         @intrinsic
-        def tile(typingctx, x_addr, w_addr, k_dim, y_addr, y_stride):
+        def tile(typingctx, fmt, x_addr, w_addr, k_dim, y_addr, y_stride):
             def codegen(context, builder, signature, args):
-                _emit(builder, args, rows, outs, fmt)
+                done = builder.append_basic_block("tile.done")
+                switch = builder.switch(args[0], done)
+                for f in range(len(ITEM_BYTES)):
+                    case = builder.append_basic_block(f"tile.fmt{f}")
+                    switch.add_case(ir.Constant(args[0].type, f), case)
+                    builder.position_at_end(case)
+                    _emit(builder, args[1:], rows, outs, f)
+                    builder.branch(done)
+                builder.position_at_end(done)
                 return context.get_dummy_value()
 
-            return types.void(types.intp, types.intp, types.intp, types.intp, types.intp), codegen
+            return types.void(*[types.intp] * 6), codegen
 
         return tile
 
-    _T = {(fmt, r, j): _tile(r, j, fmt) for fmt in (F32, BF16, FP16, Q4_1, Q8_0) for r in (1, PAIR) for j in (1, OUTS)}
-    f32_2x4, f32_1x4, f32_2x1, f32_1x1 = _T[F32, 2, 4], _T[F32, 1, 4], _T[F32, 2, 1], _T[F32, 1, 1]
-    bf16_2x4, bf16_1x4, bf16_2x1, bf16_1x1 = _T[BF16, 2, 4], _T[BF16, 1, 4], _T[BF16, 2, 1], _T[BF16, 1, 1]
-    fp16_2x4, fp16_1x4, fp16_2x1, fp16_1x1 = _T[FP16, 2, 4], _T[FP16, 1, 4], _T[FP16, 2, 1], _T[FP16, 1, 1]
-    q41_2x4, q41_1x4, q41_2x1, q41_1x1 = _T[Q4_1, 2, 4], _T[Q4_1, 1, 4], _T[Q4_1, 2, 1], _T[Q4_1, 1, 1]
-    q80_2x4, q80_1x4, q80_2x1, q80_1x1 = _T[Q8_0, 2, 4], _T[Q8_0, 1, 4], _T[Q8_0, 2, 1], _T[Q8_0, 1, 1]
+    tile_2x4, tile_1x4, tile_2x1, tile_1x1 = _tile(2, 4), _tile(1, 4), _tile(2, 1), _tile(1, 1)
 
     @njit(cache=True, nogil=True, boundscheck=False, inline="always")
     def _tile_at(fmt, rows, outs, xa, wa, k_dim, ya, n_out):  # pragma: no cover - compiled
-        """One tile call, the intrinsic picked by format and shape (well-predicted branches, once per tile)."""
-        if fmt == F32:
-            if rows == 2:
-                f32_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else f32_2x1(xa, wa, k_dim, ya, n_out)
-            else:
-                f32_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else f32_1x1(xa, wa, k_dim, ya, n_out)
-        elif fmt == BF16:
-            if rows == 2:
-                bf16_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else bf16_2x1(xa, wa, k_dim, ya, n_out)
-            else:
-                bf16_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else bf16_1x1(xa, wa, k_dim, ya, n_out)
-        elif fmt == FP16:
-            if rows == 2:
-                fp16_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else fp16_2x1(xa, wa, k_dim, ya, n_out)
-            else:
-                fp16_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else fp16_1x1(xa, wa, k_dim, ya, n_out)
-        elif fmt == Q4_1:
-            if rows == 2:
-                q41_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q41_2x1(xa, wa, k_dim, ya, n_out)
-            else:
-                q41_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q41_1x1(xa, wa, k_dim, ya, n_out)
+        """One tile call, the intrinsic picked by shape (well-predicted branches, once per tile)."""
+        if rows == 2:
+            tile_2x4(fmt, xa, wa, k_dim, ya, n_out) if outs == 4 else tile_2x1(fmt, xa, wa, k_dim, ya, n_out)
         else:
-            if rows == 2:
-                q80_2x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q80_2x1(xa, wa, k_dim, ya, n_out)
-            else:
-                q80_1x4(xa, wa, k_dim, ya, n_out) if outs == 4 else q80_1x1(xa, wa, k_dim, ya, n_out)
+            tile_1x4(fmt, xa, wa, k_dim, ya, n_out) if outs == 4 else tile_1x1(fmt, xa, wa, k_dim, ya, n_out)
 
     @njit(cache=True, nogil=True, boundscheck=False)
     def dot_tiled(x, w, y, fmt, pair):  # pragma: no cover - compiled
@@ -277,11 +272,15 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
 else:  # pragma: no cover - numba is a dependency; without it the plans never pick these, imports still work
     def dot_tiled_span(x, w, y, fmt, pair, j0, j1):
         w = w[j0:j1]
-        if fmt in (Q4_1, Q8_0):  # gguf's reference de-quantization, in float32
+        if fmt in (Q4_1, Q8_0, Q5_0):  # gguf's reference de-quantization, in float32
             b = w.reshape(w.shape[0], -1, int(BLOCK_BYTES[fmt]))
             d = np.ascontiguousarray(b[..., :2]).view(np.float16).astype(np.float32)
             if fmt == Q8_0:
                 w = (b[..., 2:].view(np.int8).astype(np.float32) * d).reshape(w.shape[0], -1)
+            elif fmt == Q5_0:
+                high = np.ascontiguousarray(b[..., 2:6]).view(np.uint32) >> np.arange(32, dtype=np.uint32)
+                q = np.concatenate([b[..., 6:] & 15, b[..., 6:] >> 4], axis=-1) | ((high & 1) << 4).astype(np.uint8)
+                w = (d * (q.astype(np.float32) - 16)).reshape(w.shape[0], -1)
             else:
                 m = np.ascontiguousarray(b[..., 2:4]).view(np.float16).astype(np.float32)
                 q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).astype(np.float32)
