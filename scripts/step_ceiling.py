@@ -1,6 +1,10 @@
 """Issue 35: a decoding step against the memory-bound ceiling, per weight dtype.
 
     python scripts/step_ceiling.py --model smollm2-135m --dtypes float32,bfloat16,float16 --rows 1,2,4 --threads 1
+    python scripts/step_ceiling.py --model smollm2-135m --dtypes float32,blocks --rows 1,2,4 --threads 1
+
+`blocks`: the float32 model with `--kernels blocks` (the GGUF file's blocks read as stored: their bytes are what
+the step reads for the layers that have them).
 
 For each dtype (kernels installed as `specdec` installs them; the 16-bit models wide: runtime/kernels16.py) it
 measures the single-thread read bandwidth (a numpy sum over 512 MB, best of five, as scripts/bench_step.sh), then
@@ -65,10 +69,13 @@ def measure(model_name: str, dtype: str, rows: list[int], reps: int) -> list[dic
     from specdec_cli.runtime import forward as engine
     from specdec_cli.runtime import kernels
 
-    target, _ = api.load(model_name, dtype=dtype, device="cpu")
+    blocks = dtype == "blocks"
+    target, _ = api.load(model_name, dtype="float32" if blocks else dtype, device="cpu",
+                         kernel_mode="blocks" if blocks else "auto")
     model = target.model
     linears = [m for m in model.modules() if isinstance(m, kernels.FastLinear)]
-    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    weight_bytes = sum(m._blocks[1].nbytes if m._blocks is not None else m.weight.numel() * m.weight.element_size()
+                       for m in linears)  # rows 1-8 read the blocks (runtime/blocks.BLOCK_ROWS)
     cache = engine.new_cache(model)
     engine.forward_chain(model, cache, list(range(100, 164)), keep=0)
     out = []

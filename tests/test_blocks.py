@@ -107,3 +107,21 @@ def test_blocks_need_a_model_converted_from_gguf(tmp_path):
     with pytest.raises(SpecdecError, match="was not converted from one"):
         api.attach_blocks(api.LoadedModel(model, None, str(tmp_path / "tiny"), False, {"source": str(tmp_path)}))
     assert blocks.adopt(torch.nn.Linear(4, 4), ["nt"] * 3) == (None, ["nt"] * 3)
+
+
+def test_numba_cache_follows_every_compiling_module(monkeypatch, tmp_path):
+    """The compiled cache's folder is named by the text of every module that compiles: a change to the tiles alone
+    (which dot, dot16, attend and fused inline) moves every function to a fresh cache; NUMBA_CACHE_DIR wins."""
+    from pathlib import Path
+
+    from specdec_cli.runtime import jit
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    before = jit.cache_dir()
+    assert before.parent == tmp_path / "numba" and len(before.name) == 16
+    read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: read(p) + (b"# edited" if p.name == "tiles.py" else b""))
+    assert jit.cache_dir() != before
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
+    assert jit.cache_dir() is None

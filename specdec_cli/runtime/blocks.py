@@ -1,6 +1,6 @@
 """GGUF weights read as stored (``--kernels blocks``, issue 35): the linear layers of a target loaded from a GGUF
 file keep the file's quantized blocks beside their de-quantized float32 weights, and decoding steps read the
-blocks, widening them to float32 in registers (:mod:`specdec_cli.runtime.tiles`, formats ``Q4_1`` and ``Q8_0``).
+blocks, widening them to float32 in registers (:mod:`specdec_cli.runtime.tiles`: ``Q4_1``, ``Q5_0``, ``Q8_0``).
 
 **The same model, bit for bit.** A block is de-quantized in registers by the float operations of gguf's reference
 (``d * q + m``, ``q * d`` in float32), so every weight equals the float32 one transformers converted from the
@@ -9,8 +9,9 @@ bits ``dot`` gives on the float32 weights. Each layer's blocks are checked again
 are attached; a layer whose blocks do not give its weight bit for bit keeps the float32 path.
 
 Why: a decoding step is memory-bound and the float32 copy is 4 bytes a weight; SmolLM2's file stores its linear
-layers in ``Q4_1`` (0.625 bytes a weight) and its tied embedding in ``Q8_0`` (1.06). Other block formats
-(Gemma-3's ``Q4_K``/``Q6_K``) keep the float32 path.
+layers in ``Q4_1`` (0.625 bytes a weight) and its tied embedding in ``Q8_0`` (1.06); Gemma-3's its head and
+``attn_v`` in ``Q8_0``, most others in ``Q5_0`` (0.69). Its ``Q4_K``/``Q6_K`` layers (36 of 127) keep the float32
+path: those super-block formats are not read here.
 """
 
 from __future__ import annotations
