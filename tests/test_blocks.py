@@ -52,17 +52,21 @@ def test_blocks_give_the_bits_of_dot_on_the_dequantized_weights_for_every_row_an
 
 @pytest.mark.parametrize("fmt", list(QUANT))
 def test_the_numpy_fallback_dequantizes_as_gguf_does(fmt, monkeypatch):
-    """Without numba the tiles module's plain path (the same module's fallback) gives gguf's weights too."""
+    """Without numba the tiles module's plain path (its fallback, on ggml_blocks.dequantize) gives gguf's weights,
+    bit for bit."""
     raw, weights = random_blocks(fmt, 6, 64)
     x = np.random.default_rng(2).normal(size=(3, 64)).astype(np.float32)
     src = tiles.__file__
     namespace = {"__name__": "tiles_fallback"}
-    code = open(src, encoding="utf-8").read().replace("from .jit import COMPILED, njit",
-                                                        "COMPILED = False\nnjit = None")
+    code = open(src, encoding="utf-8").read().replace("from .jit import COMPILED, njit", "COMPILED = False\nnjit = None")
+    code = code.replace("from .ggml_blocks import", "from specdec_cli.runtime.ggml_blocks import")
     exec(compile(code, src, "exec"), namespace)  # noqa: S102 - the module's own source, numba switched off
     y = np.empty((3, 6), np.float32)
     namespace["dot_tiled_span"](x, raw, y, fmt, True, 0, 6)
     assert np.allclose(y, x @ weights.T, rtol=1e-5, atol=1e-5)
+    from specdec_cli.runtime.ggml_blocks import dequantize
+
+    assert np.array_equal(dequantize(raw, fmt).view(np.uint32), weights.view(np.uint32))
 
 
 @pytest.mark.slow

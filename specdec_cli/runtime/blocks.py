@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .dot import dot_rows_threads
-from .tiles import BLOCK, Q4_1, Q5_0, Q8_0
+from .ggml_blocks import BLOCK, Q4_1, Q5_0, Q8_0
 
 FORMATS = {"Q4_1": Q4_1, "Q8_0": Q8_0, "Q5_0": Q5_0}  # GGUF tensor type -> tiles format
 ATTR = "_specdec_gguf_blocks"  # set on an nn.Linear: (format, blocks [out, in // 32 * block bytes] uint8)

@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from .ggml_blocks import (BLOCK, BLOCK_BYTES, BLOCK_FORMATS, Q4_1, Q5_0, Q8_0, block_weights,  # noqa: F401
+                          dequantize, prefetch_blocks)
 from .jit import COMPILED, njit
 
 VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output)
 OUTS = 4  # outputs per tile: 2 rows x 4 outputs = 8 accumulators + 4 weight vectors + 1 input: AVX2's 16 registers
 PAIR = 2  # rows per tile (3 rows x 4 outputs measured slower: the 12 accumulators leave too few registers)
-F32, BF16, FP16, Q4_1, Q8_0, Q5_0 = 0, 1, 2, 3, 4, 5  # weight formats (an int: one compiled driver serves them all)
+F32, BF16, FP16 = 0, 1, 2  # weight formats (an int: one compiled driver serves them all; GGUF blocks: 3-5)
 ITEM_BYTES = np.array([4, 2, 2, 0, 0, 0], np.int64)  # bytes of one stored weight, per format (0: GGUF blocks)
-# GGUF blocks (ggml's layout): 32 weights of one row each; Q4_1: float16 scale d and minimum m, then 16 bytes of
-# nibbles (weight i low, i + 16 high), w = d * q + m; Q8_0: float16 d, then 32 int8, w = q * d; Q5_0: float16 d,
-# 32 high bits (bit i: weight i's), then Q4_1's nibbles, w = d * (q - 16)
-BLOCK = 32
-BLOCK_BYTES = np.array([0, 0, 0, 20, 34, 22], np.int64)
 
 if COMPILED:  # pragma: no branch - without numba the plans never pick these kernels
     from llvmlite import ir
@@ -59,38 +56,6 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         kind = _VI16 if vector else _I16
         return _widen(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), kind.as_pointer()), align=2),
                       fmt, vector)
-
-    def _block_weights(builder, w_addr, row_bytes, j: int, b, fmt: int) -> list:
-        """Block ``b`` of weight row ``j`` (GGUF) as four float32 vectors (weights ``32b + 8i .. 32b + 8i + 7``),
-        de-quantized as gguf's reference does it in float32 (``d * q + m``: multiply, then add; ``q * d``): the
-        bits of the de-quantized file."""
-        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
-        at = builder.add(builder.add(w_addr, builder.mul(row_bytes, c64(j))),
-                         builder.mul(b, c64(int(BLOCK_BYTES[fmt]))))
-        ptr = lambda off, kind: builder.inttoptr(builder.add(at, c64(off)), kind.as_pointer())  # noqa: E731
-        splat = lambda v: builder.shuffle_vector(  # noqa: E731 - one float in every lane
-            builder.insert_element(ir.Constant(_VF, ir.Undefined), v, ir.Constant(_I32, 0)),
-            ir.Constant(_VF, ir.Undefined), ir.Constant(_VI32, [0] * VECTOR))
-        d = splat(builder.fpext(builder.load(ptr(0, ir.HalfType())), _F32))
-        v8 = ir.VectorType(ir.IntType(8), VECTOR)
-        if fmt == Q8_0:
-            return [builder.fmul(builder.sitofp(builder.load(ptr(2 + 8 * i, v8), align=1), _VF), d) for i in range(4)]
-        first = 6 if fmt == Q5_0 else 4  # the nibbles' first byte
-        low = [builder.zext(builder.load(ptr(first + 8 * i, v8), align=1), _VI32) for i in range(2)]
-        q = [builder.and_(v, ir.Constant(_VI32, [15] * VECTOR)) for v in low]
-        q += [builder.lshr(v, ir.Constant(_VI32, [4] * VECTOR)) for v in low]  # weights 16-31: the high nibbles
-        if fmt == Q5_0:  # bit i of the 32 high bits is weight i's fifth bit; q - 16 in -16 .. 15
-            high = builder.load(ptr(2, _I32), align=1)
-            high = builder.shuffle_vector(builder.insert_element(ir.Constant(_VI32, ir.Undefined), high,
-                                                                 ir.Constant(_I32, 0)),
-                                          ir.Constant(_VI32, ir.Undefined), ir.Constant(_VI32, [0] * VECTOR))
-            one, four, sixteen = (ir.Constant(_VI32, [v] * VECTOR) for v in (1, 4, 16))
-            bits = [builder.shl(builder.and_(builder.lshr(high, ir.Constant(_VI32, list(range(8 * i, 8 * i + 8)))),
-                                             one), four) for i in range(4)]
-            return [builder.fmul(d, builder.sitofp(builder.sub(builder.or_(v, b), sixteen), _VF))
-                    for v, b in zip(q, bits)]
-        m = splat(builder.fpext(builder.load(ptr(2, ir.HalfType())), _F32))
-        return [builder.fadd(builder.fmul(d, builder.uitofp(v, _VF)), m) for v in q]
 
     def fma_sums(builder, trip, count: int, body):
         """A counted loop of ``trip`` iterations (an i64 value; none when it is <= 0) carrying ``count`` 8-lane
@@ -136,7 +101,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         xp = builder.inttoptr(x_addr, _F32.as_pointer())
         wp = builder.inttoptr(w_addr, (_F32 if fmt == F32 else _I16).as_pointer())
         chunks = builder.sdiv(k_dim, c64(VECTOR))
-        blocks = fmt in (Q4_1, Q8_0, Q5_0)  # K is then a multiple of 32: no leftovers
+        blocks = fmt in BLOCK_FORMATS  # K is then a multiple of 32: no leftovers
         row_bytes = builder.mul(builder.sdiv(k_dim, c64(BLOCK)), c64(int(BLOCK_BYTES[fmt])))
 
         def products(k, ws, accs):  # 8 products for every (row, output) pair; accumulator r * outs + j
@@ -154,7 +119,8 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
                                 for j in range(outs)], accs)
 
         def block(b, accs):  # a GGUF block per iteration: its four chunks in chunk order (the same sums as chunk's)
-            ws = [_block_weights(builder, w_addr, row_bytes, j, b, fmt) for j in range(outs)]
+            prefetch_blocks(builder, w_addr, row_bytes, b, outs, fmt)
+            ws = [block_weights(builder, w_addr, row_bytes, j, b, fmt) for j in range(outs)]
             for i in range(BLOCK // VECTOR):
                 accs = products(builder.add(builder.mul(b, c64(BLOCK)), c64(i * VECTOR)), [w[i] for w in ws], accs)
             return accs
@@ -272,19 +238,8 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
 else:  # pragma: no cover - numba is a dependency; without it the plans never pick these, imports still work
     def dot_tiled_span(x, w, y, fmt, pair, j0, j1):
         w = w[j0:j1]
-        if fmt in (Q4_1, Q8_0, Q5_0):  # gguf's reference de-quantization, in float32
-            b = w.reshape(w.shape[0], -1, int(BLOCK_BYTES[fmt]))
-            d = np.ascontiguousarray(b[..., :2]).view(np.float16).astype(np.float32)
-            if fmt == Q8_0:
-                w = (b[..., 2:].view(np.int8).astype(np.float32) * d).reshape(w.shape[0], -1)
-            elif fmt == Q5_0:
-                high = np.ascontiguousarray(b[..., 2:6]).view(np.uint32) >> np.arange(32, dtype=np.uint32)
-                q = np.concatenate([b[..., 6:] & 15, b[..., 6:] >> 4], axis=-1) | ((high & 1) << 4).astype(np.uint8)
-                w = (d * (q.astype(np.float32) - 16)).reshape(w.shape[0], -1)
-            else:
-                m = np.ascontiguousarray(b[..., 2:4]).view(np.float16).astype(np.float32)
-                q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).astype(np.float32)
-                w = (d * q + m).reshape(w.shape[0], -1)
+        if fmt in BLOCK_FORMATS:  # gguf's reference de-quantization, in float32
+            w = dequantize(w, fmt)
         elif fmt != F32:
             w = (w.astype(np.uint32) << 16).view(np.float32) if fmt == BF16 else w.view(np.float16).astype(np.float32)
         y[:, j0:j1] = x @ w.T
