@@ -109,7 +109,7 @@ def test_dtype_and_kernels_checked_before_anything_loads(command):
     error otherwise) and before torch is imported."""
     extra = ["hi"] if command == "generate" else []
     assert_one_line_error(specdec(command, *extra, "--model", "no-such-model", "--kernels", "fast"), "--kernels",
-                          "auto, exact or torch")
+                          "auto, exact, blocks or torch")
     assert_one_line_error(specdec(command, *extra, "--model", "no-such-model", "--dtype", "int4"), "--dtype",
                           "bfloat16")
 
