@@ -93,8 +93,9 @@ def attach_blocks(target: LoadedModel) -> dict:
                            "converted from one")
     summary = blocks.attach(target.model, path)
     if not summary["layers"]:
-        raise SpecdecError(f"--kernels blocks: no CPU layer of {path.name} is stored in a format specdec reads "
-                           f"({', '.join(blocks.FORMATS)})")
+        why = (f"{len(summary['mismatched'])} layer(s) in those formats did not give the model's float32 weights "
+               "(a 16-bit or GPU model?)" if summary["mismatched"] else f"none is in {', '.join(blocks.FORMATS)}")
+        raise SpecdecError(f"--kernels blocks reads the blocks of {path.name} into float32 CPU layers: {why}")
     return summary
 
 

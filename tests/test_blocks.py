@@ -72,7 +72,8 @@ def test_the_numpy_fallback_dequantizes_as_gguf_does(fmt, monkeypatch):
 @pytest.mark.slow
 def test_smollm2_reads_its_shipped_blocks_with_the_float32_models_greedy_output(smollm2):
     """Every linear layer of SmolLM2's shipped file (Q4_1, and the tied head's Q8_0) attaches bit for bit, and greedy
-    decoding through the blocks gives the float32 path's tokens, for ``ar`` and ``auto``."""
+    decoding through the blocks gives the float32 path's tokens, for ``ar`` and ``auto`` (measured, not guaranteed:
+    the float32 plan may sum some row counts in MKL's order; the blocks give the ``dot`` strategy's bits)."""
     from specdec_cli import api
 
     target, _ = api.load("smollm2-135m", kernel_mode="blocks")
@@ -114,18 +115,39 @@ def test_blocks_need_a_model_converted_from_gguf(tmp_path):
 
 
 def test_numba_cache_follows_every_compiling_module(monkeypatch, tmp_path):
-    """The compiled cache's folder is named by the text of every module that compiles: a change to the tiles alone
-    (which dot, dot16, attend and fused inline) moves every function to a fresh cache; NUMBA_CACHE_DIR wins."""
+    """The compiled cache's folder is named by the text of every module that compiles or writes inlined IR: a
+    change to the tiles alone (which dot, dot16, attend and fused inline), or to the blocks' IR alone, moves every
+    function to a fresh cache; the user's NUMBA_CACHE_DIR wins."""
     from pathlib import Path
 
     from specdec_cli.runtime import jit
 
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(jit, "USER_CACHE", False)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     before = jit.cache_dir()
     assert before.parent == tmp_path / "numba" and len(before.name) == 16
     read = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", lambda p: read(p) + (b"# edited" if p.name == "tiles.py" else b""))
-    assert jit.cache_dir() != before
+    for edited in ("tiles.py", "ggml_blocks.py"):
+        monkeypatch.setattr(Path, "read_bytes", lambda p, e=edited: read(p) + (b"# edited" if p.name == e else b""))
+        assert jit.cache_dir() not in (before, None), edited
+    monkeypatch.setattr(jit, "USER_CACHE", True)
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
     assert jit.cache_dir() is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocks_linear_takes_bias_3d_and_strided_inputs(threads):
+    """:func:`blocks.linear` as FastLinear calls it: a bias, a 3-D input that is not contiguous, torch's threads;
+    the bits of ``dot`` on the de-quantized weights plus the bias."""
+    raw, weights = random_blocks(tiles.Q5_0, 10, 64)
+    x = torch.randn(2, 64, 3).transpose(1, 2)  # [2, 3, 64], strided
+    bias = torch.randn(10)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = blocks.linear(x, (tiles.Q5_0, raw), bias, 10)
+    finally:
+        torch.set_num_threads(before)
+    plain = np.empty((6, 10), np.float32)
+    dot_rows_threads(np.ascontiguousarray(x.reshape(6, 64).numpy()), weights, plain, 1)
+    assert y.shape == (2, 3, 10) and torch.equal(y, (torch.from_numpy(plain) + bias).view(2, 3, 10))

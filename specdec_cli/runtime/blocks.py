@@ -2,6 +2,9 @@
 file keep the file's quantized blocks beside their de-quantized float32 weights, and decoding steps read the
 blocks, widening them to float32 in registers (:mod:`specdec_cli.runtime.tiles`: ``Q4_1``, ``Q5_0``, ``Q8_0``).
 
+The blocks of layers the converter did not permute stay a read-only mapping of the GGUF file (no copy): a file
+rewritten in place under a running process changes what it reads.
+
 **The same model, bit for bit.** A block is de-quantized in registers by the float operations of gguf's reference
 (``d * q + m``, ``q * d`` in float32), so every weight equals the float32 one transformers converted from the
 file, and the tiles sum the products in the order of the ``dot`` strategy: a product read from the blocks has the
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from ..errors import SpecdecError
 
 from .dot import dot_rows_span, dot_rows_threads
 from .ggml_blocks import BLOCK, Q4_1, Q5_0, Q8_0
@@ -51,6 +56,8 @@ def _rows(gguf_name: str, n_out: int, config) -> np.ndarray | None:
     if config.model_type != "llama" or not (".attn_q." in gguf_name or ".attn_k." in gguf_name):
         return None
     heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
+    if not heads or n_out % (2 * heads):
+        return None  # not a layout the converter permutes: the bit check then keeps the float32 path
     return np.arange(n_out).reshape(heads, n_out // heads // 2, 2).swapaxes(2, 1).reshape(n_out)
 
 
@@ -79,10 +86,17 @@ def attach(model, gguf_path) -> dict:
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     summary = {"layers": 0, "formats": {}, "block_bytes": 0, "float32_bytes": 0, "mismatched": []}
-    for tensor in GGUFReader(str(gguf_path)).tensors:
+    try:
+        tensors = GGUFReader(str(gguf_path)).tensors
+    except (OSError, ValueError, KeyError, IndexError) as err:  # a damaged or truncated file
+        raise SpecdecError(f"--kernels blocks: cannot read {gguf_path}: {err}") from None
+    for tensor in tensors:
         fmt = FORMATS.get(tensor.tensor_type.name)
         layer = _linear_of(model, tensor.name) if fmt is not None else None
-        if layer is None or layer.weight.dtype != torch.float32 or layer.weight.device.type != "cpu":
+        if layer is None:
+            continue
+        if layer.weight.dtype != torch.float32 or layer.weight.device.type != "cpu":  # a 16-bit or GPU model
+            summary["mismatched"].append(tensor.name)
             continue
         blocks = np.asarray(tensor.data, dtype=np.uint8)
         blocks = blocks.reshape(blocks.shape[0], -1)
@@ -118,6 +132,7 @@ def linear(x: torch.Tensor, blocks: tuple[int, np.ndarray], bias, n_out: int) ->
     """``x [..., K] @ W.T (+ bias) -> [..., n_out]`` with ``W`` read from its blocks, over torch's threads (each a
     span of the outputs: the same bits as one thread). In numpy between the ends: a step makes ~200 of these
     calls, and torch's per-tensor calls cost ~4 us each of them (~1 ms of SmolLM2's 19 ms step)."""
+    assert blocks[0] in FORMATS.values() and x.shape[-1] % BLOCK == 0, "blocks of a format the tiles read"
     x2 = x.detach().reshape(-1, x.shape[-1])
     rows = (x2 if x2.is_contiguous() else x2.contiguous()).numpy()
     y = np.empty((rows.shape[0], n_out), np.float32)

@@ -17,6 +17,37 @@ from pathlib import Path
 
 from ..io.aliases import cache_root
 
+USER_CACHE = bool(os.environ.get("NUMBA_CACHE_DIR"))  # the user's own choice wins
+COMPILING = (b"njit", b"llvmlite", b"numba")  # a module with any of these compiles, or emits code others inline
+
+
+def compiled_sources_digest() -> str:
+    """A digest of every module of the package that compiles code with numba or writes IR that compiled code
+    inlines (:mod:`~specdec_cli.runtime.ggml_blocks`): their paths and text."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_bytes()
+        if any(word in text for word in COMPILING):
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + text)
+    return digest.hexdigest()[:16]
+
+
+def cache_dir() -> Path | None:
+    """Where numba caches this package's compiled functions (None: where the user's ``NUMBA_CACHE_DIR`` says, or
+    numba's own place when there is no home folder to put the cache under)."""
+    if os.environ.get("NUMBA_CACHE_DIR") and USER_CACHE:
+        return None
+    try:
+        return cache_root() / "numba" / compiled_sources_digest()
+    except (OSError, RuntimeError):  # no home folder (Path.home), an unreadable source
+        return None
+
+
+_MINE = cache_dir()
+if _MINE is not None:  # in the environment too: numba re-reads its configuration from it when NUMBA_* changes
+    os.environ["NUMBA_CACHE_DIR"] = str(_MINE)
+
 try:  # pragma: no cover - exercised either way depending on the installation
     import numba
     from numba import njit
@@ -29,25 +60,5 @@ except ImportError:  # pragma: no cover
         return lambda fn: fn
 
 COMPILED = njit.__module__.startswith("numba") if hasattr(njit, "__module__") else False
-
-
-def compiled_sources_digest() -> str:
-    """A digest of every module of the package that compiles code with numba (their paths and text)."""
-    package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        text = path.read_bytes()
-        if b"njit" in text:
-            digest.update(str(path.relative_to(package)).encode() + b"\0" + text)
-    return digest.hexdigest()[:16]
-
-
-def cache_dir() -> Path | None:
-    """Where numba caches this package's compiled functions (None: where the user's ``NUMBA_CACHE_DIR`` says)."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return None
-    return cache_root() / "numba" / compiled_sources_digest()
-
-
-if COMPILED and cache_dir() is not None:  # before any module here defines a compiled function
-    numba.config.CACHE_DIR = str(cache_dir())
+if COMPILED and _MINE is not None:  # numba imported before this module read the environment already
+    numba.config.CACHE_DIR = str(_MINE)
