@@ -81,7 +81,7 @@ def test_smollm2_reads_its_shipped_blocks_with_the_float32_models_greedy_output(
     assert summary["layers"] == 211 and summary["formats"] == {"Q4_1": 210, "Q8_0": 1} and not summary["mismatched"]
     assert summary["block_bytes"] < 0.2 * summary["float32_bytes"]
     layers = [m for m in target.model.modules() if isinstance(m, kernels.FastLinear)]
-    assert all(m._blocks is not None and m.table[1] == "blocks" for m in layers)
+    assert all("blocks" in m._packed and m.table[1] == "blocks" for m in layers)
     settings = api.RunSettings(max_new_tokens=24)
     for prompt in CHAT_PROMPTS[:2]:
         ids = api.encode_prompt(target, prompt)
@@ -111,7 +111,7 @@ def test_blocks_need_a_model_converted_from_gguf(tmp_path):
     model.save_pretrained(tmp_path / "tiny")
     with pytest.raises(SpecdecError, match="was not converted from one"):
         api.attach_blocks(api.LoadedModel(model, None, str(tmp_path / "tiny"), False, {"source": str(tmp_path)}))
-    assert blocks.adopt(torch.nn.Linear(4, 4), ["nt"] * 3) == (None, ["nt"] * 3)
+    assert blocks.adopt(torch.nn.Linear(4, 4), ["nt"] * 3) == ({}, ["nt"] * 3)
 
 
 def test_numba_cache_follows_every_compiling_module(monkeypatch, tmp_path):
@@ -136,18 +136,24 @@ def test_numba_cache_follows_every_compiling_module(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_blocks_linear_takes_bias_3d_and_strided_inputs(threads):
-    """:func:`blocks.linear` as FastLinear calls it: a bias, a 3-D input that is not contiguous, torch's threads;
-    the bits of ``dot`` on the de-quantized weights plus the bias."""
+def test_blocks_layer_takes_bias_3d_and_strided_inputs(threads):
+    """A layer with blocks as the engine calls it (``FastLinear`` inside ``kernels.active``): a bias, a 3-D input
+    that is not contiguous, torch's threads; the bits of ``dot`` on the de-quantized weights plus the bias."""
     raw, weights = random_blocks(tiles.Q5_0, 10, 64)
+    plain_layer = torch.nn.Linear(64, 10)
+    with torch.no_grad():
+        plain_layer.weight.copy_(torch.from_numpy(weights))
+    setattr(plain_layer, blocks.ATTR, (tiles.Q5_0, raw))
+    layer = kernels.FastLinear(plain_layer, {})
     x = torch.randn(2, 64, 3).transpose(1, 2)  # [2, 3, 64], strided
-    bias = torch.randn(10)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        y = blocks.linear(x, (tiles.Q5_0, raw), bias, 10)
+        with torch.inference_mode(), kernels.active():
+            y = layer(x)
     finally:
         torch.set_num_threads(before)
     plain = np.empty((6, 10), np.float32)
     dot_rows_threads(np.ascontiguousarray(x.reshape(6, 64).numpy()), weights, plain, 1)
+    bias = plain_layer.bias.detach()
     assert y.shape == (2, 3, 10) and torch.equal(y, (torch.from_numpy(plain) + bias).view(2, 3, 10))

@@ -24,10 +24,9 @@ import torch
 
 from ..errors import SpecdecError
 
-from .dot import dot_rows_span, dot_rows_threads
-from .ggml_blocks import BLOCK, Q4_1, Q5_0, Q8_0
+from .ggml_blocks import BLOCK, GGUF_NAMES, dequantize
 
-FORMATS = {"Q4_1": Q4_1, "Q8_0": Q8_0, "Q5_0": Q5_0}  # GGUF tensor type -> tiles format
+FORMATS = {name: fmt for fmt, name in GGUF_NAMES.items()}  # GGUF tensor type -> tiles format
 ATTR = "_specdec_gguf_blocks"  # set on an nn.Linear: (format, blocks [out, in // 32 * block bytes] uint8)
 # GGUF's per-layer tensor names (llama.cpp's converter) -> the transformers module of a Llama or Gemma-3 layer
 LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -64,17 +63,14 @@ def _rows(gguf_name: str, n_out: int, config) -> np.ndarray | None:
 CHECK_ROWS = 4096  # rows de-quantized at a time by the check (Gemma-3's 262,144-row head: 10 MB, not 671 MB)
 
 
-def same_weights(blocks: np.ndarray, kind, weight: np.ndarray) -> bool:
-    """Whether gguf's de-quantization of ``blocks`` is ``weight``, bit for bit (``kind``: the GGUF tensor type)."""
-    from gguf import quants
-
+def same_weights(blocks: np.ndarray, fmt: int, weight: np.ndarray) -> bool:
+    """Whether gguf's de-quantization of ``blocks`` (tiles format ``fmt``) is ``weight``, bit for bit."""
     if blocks.shape[0] != weight.shape[0]:
         return False
     for at in range(0, weight.shape[0], CHECK_ROWS):
-        part, mine = quants.dequantize(blocks[at: at + CHECK_ROWS], kind), weight[at: at + CHECK_ROWS]
-        bits = part.astype(np.float32).view(np.uint32)  # compared as bits: -0.0 is not 0.0
-        if part.shape != mine.shape or not np.array_equal(bits, mine.view(np.uint32)):
-            return False
+        part, mine = dequantize(blocks[at: at + CHECK_ROWS], fmt), weight[at: at + CHECK_ROWS]
+        if part.shape != mine.shape or not np.array_equal(part.view(np.uint32), mine.view(np.uint32)):
+            return False  # compared as bits: -0.0 is not 0.0
     return True
 
 
@@ -103,7 +99,7 @@ def attach(model, gguf_path) -> dict:
         order = _rows(tensor.name, blocks.shape[0], cfg)
         blocks = np.ascontiguousarray(blocks if order is None else blocks[order])
         weight = layer.weight.detach().numpy()
-        if weight.shape[1] % BLOCK or not same_weights(blocks, tensor.tensor_type, weight):
+        if weight.shape[1] % BLOCK or not same_weights(blocks, fmt, weight):
             summary["mismatched"].append(tensor.name)
             continue
         setattr(layer, ATTR, (fmt, blocks))
@@ -119,27 +115,12 @@ BLOCK_ROWS = 8  # rows up to which a product reads the blocks: above, the float3
 # (SmolLM2, one thread, Intel Xeon VM: blocks 1.87x the float32 plan at 1 row, 1.21x at 8, 0.97x at 12)
 
 
-def adopt(linear, table: list[str]) -> tuple[tuple | None, list[str]]:
-    """A :class:`~specdec_cli.runtime.kernels.FastLinear`'s blocks (None: none attached to ``linear``) and its
-    strategy per row count: ``blocks`` from 1 to :data:`BLOCK_ROWS` rows, the float32 plan's above."""
+def adopt(linear, table: list[str]) -> tuple[dict, list[str]]:
+    """What a :class:`~specdec_cli.runtime.kernels.FastLinear` keeps for ``linear``'s blocks (``{"blocks": (blocks,
+    tiles format)}``; nothing without them) and its strategy per row count: ``blocks`` from 1 to
+    :data:`BLOCK_ROWS` rows, the float32 plan's above."""
     found = getattr(linear, ATTR, None)
     if found is None:
-        return None, table
-    return found, ["blocks" if 1 <= n <= BLOCK_ROWS else s for n, s in enumerate(table)]
-
-
-def linear(x: torch.Tensor, blocks: tuple[int, np.ndarray], bias, n_out: int) -> torch.Tensor:
-    """``x [..., K] @ W.T (+ bias) -> [..., n_out]`` with ``W`` read from its blocks, over torch's threads (each a
-    span of the outputs: the same bits as one thread). In numpy between the ends: a step makes ~200 of these
-    calls, and torch's per-tensor calls cost ~4 us each of them (~1 ms of SmolLM2's 19 ms step)."""
-    assert blocks[0] in FORMATS.values() and x.shape[-1] % BLOCK == 0, "blocks of a format the tiles read"
-    x2 = x.detach().reshape(-1, x.shape[-1])
-    rows = (x2 if x2.is_contiguous() else x2.contiguous()).numpy()
-    y = np.empty((rows.shape[0], n_out), np.float32)
-    threads = torch.get_num_threads()
-    if threads == 1:
-        dot_rows_span(rows, blocks[1], y, 0, n_out, blocks[0])
-    else:
-        dot_rows_threads(rows, blocks[1], y, threads, blocks[0])
-    out = torch.from_numpy(y)
-    return (out if bias is None else out + bias).view(*x.shape[:-1], n_out)
+        return {}, table
+    assert found[0] in FORMATS.values() and linear.in_features % BLOCK == 0, "blocks of a format the tiles read"
+    return {"blocks": found[::-1]}, ["blocks" if 1 <= n <= BLOCK_ROWS else s for n, s in enumerate(table)]

@@ -1,6 +1,6 @@
 """GGUF's block formats as the tiles read them (:mod:`specdec_cli.runtime.tiles`, ``--kernels blocks``): their
-layout, their de-quantization in registers (LLVM IR the tiles' loops inline) and gguf's reference de-quantization
-in numpy (the tiles' path without numba, and what the IR must equal bit for bit).
+layout, their de-quantization in registers (LLVM IR the tiles' loops inline), and gguf's reference de-quantization
+(the tiles' path without numba, and what the IR must equal bit for bit).
 
 ggml's layout: blocks of 32 weights of one row each.
 
@@ -17,6 +17,7 @@ import numpy as np
 
 Q4_1, Q8_0, Q5_0 = 3, 4, 5  # the tiles' format numbers (0-2: float32, bfloat16, float16)
 BLOCK_FORMATS = (Q4_1, Q8_0, Q5_0)
+GGUF_NAMES = {Q4_1: "Q4_1", Q8_0: "Q8_0", Q5_0: "Q5_0"}  # format number -> gguf's tensor type name
 BLOCK = 32  # weights per block
 BLOCK_BYTES = np.array([0, 0, 0, 20, 34, 22], np.int64)  # bytes of one block, by format number
 AHEAD = 2  # tiles ahead that the blocks' prefetch asks for (SmolLM2's step, one thread: 1 -> 16.3 ms of products,
@@ -25,19 +26,11 @@ VECTOR = 8  # float32 lanes of the tiles' accumulators (tiles.VECTOR)
 
 
 def dequantize(w: np.ndarray, fmt: int) -> np.ndarray:
-    """gguf's reference de-quantization (``gguf.quants``), in float32: blocks ``[N, K / 32 * bytes]`` ->
-    ``[N, K]``."""
-    b = w.reshape(w.shape[0], -1, int(BLOCK_BYTES[fmt]))
-    d = np.ascontiguousarray(b[..., :2]).view(np.float16).astype(np.float32)
-    if fmt == Q8_0:
-        return (b[..., 2:].view(np.int8).astype(np.float32) * d).reshape(w.shape[0], -1)
-    if fmt == Q5_0:
-        high = np.ascontiguousarray(b[..., 2:6]).view(np.uint32) >> np.arange(32, dtype=np.uint32)
-        q = np.concatenate([b[..., 6:] & 15, b[..., 6:] >> 4], axis=-1) | ((high & 1) << 4).astype(np.uint8)
-        return (d * (q.astype(np.float32) - 16)).reshape(w.shape[0], -1)
-    m = np.ascontiguousarray(b[..., 2:4]).view(np.float16).astype(np.float32)
-    q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).astype(np.float32)
-    return (d * q + m).reshape(w.shape[0], -1)
+    """gguf's own reference de-quantization (``gguf.quants``, a dependency), in float32: blocks
+    ``[N, K / 32 * bytes]`` -> ``[N, K]``."""
+    from gguf import GGMLQuantizationType, quants
+
+    return quants.dequantize(w, GGMLQuantizationType[GGUF_NAMES[fmt]]).astype(np.float32, copy=False)
 
 
 try:  # pragma: no cover - without llvmlite (no numba) the tiles never emit these
