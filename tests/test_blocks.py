@@ -18,7 +18,9 @@ from specdec_cli.runtime.dot import dot_rows_threads
 from conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.skipif("dot" not in kernels.STRATEGIES, reason="numba not installed")
-QUANT = {tiles.Q4_1: "Q4_1", tiles.Q8_0: "Q8_0", tiles.Q5_0: "Q5_0"}
+QUANT = {tiles.Q4_1: "Q4_1", tiles.Q8_0: "Q8_0", tiles.Q5_0: "Q5_0", tiles.Q4_K: "Q4_K", tiles.Q6_K: "Q6_K"}
+HALVES = {tiles.Q4_1: slice(0, 4), tiles.Q8_0: slice(0, 2), tiles.Q5_0: slice(0, 2), tiles.Q4_K: slice(0, 4),
+          tiles.Q6_K: slice(208, 210)}  # the float16 scales (and minima) of each stored block
 
 
 def random_blocks(fmt: int, n_out: int, k_dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -26,11 +28,10 @@ def random_blocks(fmt: int, n_out: int, k_dim: int, seed: int = 0) -> tuple[np.n
     from gguf import GGMLQuantizationType, quants
 
     rng = np.random.default_rng(seed)
-    size = int(tiles.BLOCK_BYTES[fmt])
-    raw = rng.integers(0, 256, (n_out, k_dim // tiles.BLOCK, size), dtype=np.uint8)
-    halves = 2 if fmt == tiles.Q4_1 else 1  # d (and m) at the start of each block
-    scales = rng.normal(0, 0.02, (n_out, k_dim // tiles.BLOCK, halves)).astype(np.float16)
-    raw[..., : 2 * halves] = scales.view(np.uint8).reshape(raw[..., : 2 * halves].shape)
+    size, at = int(tiles.BLOCK_BYTES[fmt]), HALVES[fmt]
+    raw = rng.integers(0, 256, (n_out, k_dim // int(tiles.STORED[fmt]), size), dtype=np.uint8)
+    scales = rng.normal(0, 0.02, (n_out, raw.shape[1], (at.stop - at.start) // 2)).astype(np.float16)
+    raw[..., at] = scales.view(np.uint8).reshape(raw[..., at].shape)
     raw = np.ascontiguousarray(raw.reshape(n_out, -1))
     return raw, quants.dequantize(raw, getattr(GGMLQuantizationType, QUANT[fmt])).astype(np.float32)
 
@@ -38,7 +39,7 @@ def random_blocks(fmt: int, n_out: int, k_dim: int, seed: int = 0) -> tuple[np.n
 @pytest.mark.parametrize("fmt", list(QUANT))
 @pytest.mark.parametrize("shape", [(37, 32), (1536, 576), (5, 96)])  # leftover outputs; SmolLM2's; one tile
 def test_blocks_give_the_bits_of_dot_on_the_dequantized_weights_for_every_row_and_thread(fmt, shape):
-    n_out, k_dim = shape
+    n_out, k_dim = shape[0], shape[1] * (8 if tiles.STORED[fmt] > 32 else 1)  # k-quants: super-blocks of 256
     raw, weights = random_blocks(fmt, n_out, k_dim)
     x = np.random.default_rng(1).normal(size=(9, k_dim)).astype(np.float32)
     for n in (1, 2, 3, 8, 9):
@@ -47,15 +48,17 @@ def test_blocks_give_the_bits_of_dot_on_the_dequantized_weights_for_every_row_an
             dot_rows_threads(x[:n], raw, from_blocks, threads, fmt)
             dot_rows_threads(x[:n], weights, from_floats, 1)
             assert np.array_equal(from_blocks, from_floats), (n, threads)
-    assert np.allclose(from_blocks, x @ weights.T, rtol=1e-4, atol=1e-4)
+    bound = 1e-5 * (np.abs(x) @ np.abs(weights).T)  # float32 summation error over K products, scaled
+    assert np.all(np.abs(from_blocks - (x.astype(np.float64) @ weights.T.astype(np.float64))) <= bound + 1e-6)
 
 
 @pytest.mark.parametrize("fmt", list(QUANT))
 def test_the_numpy_fallback_dequantizes_as_gguf_does(fmt, monkeypatch):
     """Without numba the tiles module's plain path (its fallback, on ggml_blocks.dequantize) gives gguf's weights,
     bit for bit."""
-    raw, weights = random_blocks(fmt, 6, 64)
-    x = np.random.default_rng(2).normal(size=(3, 64)).astype(np.float32)
+    k_dim = 2 * int(tiles.STORED[fmt])
+    raw, weights = random_blocks(fmt, 6, k_dim)
+    x = np.random.default_rng(2).normal(size=(3, k_dim)).astype(np.float32)
     src = tiles.__file__
     namespace = {"__name__": "tiles_fallback"}
     code = open(src, encoding="utf-8").read().replace("from .jit import COMPILED, njit", "COMPILED = False\nnjit = None")
@@ -89,6 +92,23 @@ def test_smollm2_reads_its_shipped_blocks_with_the_float32_models_greedy_output(
         for method in ("ar", "auto"):
             drafter = api.make_drafter(method, target, [], settings)
             assert api.run(target, ids, drafter, settings).tokens == plain, method
+
+
+@pytest.mark.slow
+def test_gemma3_reads_every_layer_of_its_shipped_file_including_the_k_quants():
+    """Gemma-3's shipped Q4_K_M file: its k-quant layers (``attn_output`` and ``ffn_down``, whose 1024 and 2048
+    inputs hold whole 256-weight super-blocks) attach bit for bit beside the ``Q5_0``/``Q8_0`` ones, and greedy
+    ``ar`` through the blocks gives the float32 path's tokens."""
+    from specdec_cli import api
+
+    target, _ = api.load("gemma3-270m", kernel_mode="blocks")
+    summary = target.info["blocks"]
+    assert summary["formats"] == {"Q4_K": 27, "Q6_K": 9, "Q5_0": 81, "Q8_0": 10} and not summary["mismatched"]
+    plain, _ = api.load("gemma3-270m")
+    settings = api.RunSettings(max_new_tokens=24)
+    ids = api.encode_prompt(target, "def add(a, b):", raw=True)
+    expected = api.run(plain, ids, api.make_drafter("ar", plain, [], settings), settings).tokens
+    assert api.run(target, ids, api.make_drafter("ar", target, [], settings), settings).tokens == expected
 
 
 @pytest.mark.parametrize("args, says", [

@@ -1,6 +1,7 @@
 """GGUF weights read as stored (``--kernels blocks``, issue 35): the linear layers of a target loaded from a GGUF
 file keep the file's quantized blocks beside their de-quantized float32 weights, and decoding steps read the
-blocks, widening them to float32 in registers (:mod:`specdec_cli.runtime.tiles`: ``Q4_1``, ``Q5_0``, ``Q8_0``).
+blocks, widening them to float32 in registers (:mod:`specdec_cli.runtime.tiles`: ``Q4_1``, ``Q5_0``, ``Q8_0``, and
+the k-quants ``Q4_K``, ``Q6_K``).
 
 The blocks of layers the converter did not permute stay a read-only mapping of the GGUF file (no copy): a file
 rewritten in place under a running process changes what it reads.
@@ -13,8 +14,8 @@ are attached; a layer whose blocks do not give its weight bit for bit keeps the 
 
 Why: a decoding step is memory-bound and the float32 copy is 4 bytes a weight; SmolLM2's file stores its linear
 layers in ``Q4_1`` (0.625 bytes a weight) and its tied embedding in ``Q8_0`` (1.06); Gemma-3's its head and
-``attn_v`` in ``Q8_0``, most others in ``Q5_0`` (0.69). Its ``Q4_K``/``Q6_K`` layers (36 of 127) keep the float32
-path: those super-block formats are not read here.
+``attn_v`` in ``Q8_0``, ``attn_output`` and ``ffn_down`` in ``Q4_K``/``Q6_K`` (0.56/0.82: their 1024 and 2048
+inputs hold whole 256-weight super-blocks), the others in ``Q5_0`` (0.69).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from ..errors import SpecdecError
 
-from .ggml_blocks import BLOCK, GGUF_NAMES, dequantize
+from .ggml_blocks import GGUF_NAMES, STORED, dequantize
 
 FORMATS = {name: fmt for fmt, name in GGUF_NAMES.items()}  # GGUF tensor type -> tiles format
 ATTR = "_specdec_gguf_blocks"  # set on an nn.Linear: (format, blocks [out, in // 32 * block bytes] uint8)
@@ -99,7 +100,7 @@ def attach(model, gguf_path) -> dict:
         order = _rows(tensor.name, blocks.shape[0], cfg)
         blocks = np.ascontiguousarray(blocks if order is None else blocks[order])
         weight = layer.weight.detach().numpy()
-        if weight.shape[1] % BLOCK or not same_weights(blocks, fmt, weight):
+        if weight.shape[1] % STORED[fmt] or not same_weights(blocks, fmt, weight):
             summary["mismatched"].append(tensor.name)
             continue
         setattr(layer, ATTR, (fmt, blocks))
@@ -122,5 +123,5 @@ def adopt(linear, table: list[str]) -> tuple[dict, list[str]]:
     found = getattr(linear, ATTR, None)
     if found is None:
         return {}, table
-    assert found[0] in FORMATS.values() and linear.in_features % BLOCK == 0, "blocks of a format the tiles read"
+    assert found[0] in FORMATS.values() and linear.in_features % STORED[found[0]] == 0, "blocks the tiles read"
     return {"blocks": found[::-1]}, ["blocks" if 1 <= n <= BLOCK_ROWS else s for n, s in enumerate(table)]

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml_blocks import (BLOCK, BLOCK_BYTES, BLOCK_FORMATS, Q4_1, Q5_0, Q8_0, block_weights,  # noqa: F401
-                          dequantize, prefetch_blocks)
+from .ggml_blocks import (BLOCK, BLOCK_BYTES, BLOCK_FORMATS, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, STORED,  # noqa: F401
+                          block_weights, dequantize, prefetch_blocks)
 from .jit import COMPILED, njit
 
 VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output)
 OUTS = 4  # outputs per tile: 2 rows x 4 outputs = 8 accumulators + 4 weight vectors + 1 input: AVX2's 16 registers
 PAIR = 2  # rows per tile (3 rows x 4 outputs measured slower: the 12 accumulators leave too few registers)
-F32, BF16, FP16 = 0, 1, 2  # weight formats (an int: one compiled driver serves them all; GGUF blocks: 3-5)
-ITEM_BYTES = np.array([4, 2, 2, 0, 0, 0], np.int64)  # bytes of one stored weight, per format (0: GGUF blocks)
+F32, BF16, FP16 = 0, 1, 2  # weight formats (an int: one compiled driver serves them all; GGUF blocks: 3-7)
+ITEM_BYTES = np.array([4, 2, 2, 0, 0, 0, 0, 0], np.int64)  # bytes of one stored weight, per format (0: GGUF blocks)
 
 if COMPILED:  # pragma: no branch - without numba the plans never pick these kernels
     from llvmlite import ir
@@ -38,6 +38,13 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
     from numba.extending import intrinsic
 
     _F32, _I16, _I32, _I64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    try:  # AVX-512: a GGUF tile de-quantizes two outputs' blocks in one 16-lane register (each output keeps its own
+        # 8 lanes, so the same sums); SmolLM2's one-row blocks step, Intel Xeon VM: see docs/profiling.md
+        from llvmlite import binding as _llvm
+
+        OUT_PAIRS = bool(_llvm.get_host_cpu_features().get("avx512f"))
+    except RuntimeError:  # pragma: no cover - a host LLVM cannot describe
+        OUT_PAIRS = False
     _VF, _VI16, _VI32 = ir.VectorType(_F32, VECTOR), ir.VectorType(_I16, VECTOR), ir.VectorType(_I32, VECTOR)
 
     def _widen(builder, bits, fmt: int, vector: bool):
@@ -57,19 +64,20 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         return _widen(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), kind.as_pointer()), align=2),
                       fmt, vector)
 
-    def fma_sums(builder, trip, count: int, body):
-        """A counted loop of ``trip`` iterations (an i64 value; none when it is <= 0) carrying ``count`` 8-lane
+    def fma_sums(builder, trip, count: int, body, lanes: int = VECTOR):
+        """A counted loop of ``trip`` iterations (an i64 value; none when it is <= 0) carrying ``count`` ``lanes``-wide
         accumulators that start at zero: ``body(c, accs)`` emits iteration ``c``'s work (in one basic block) and
         returns the new accumulators. Returns their values after the loop (zeros when it did not run), in the block
         where the loop exits. The loop skeleton of these tiles and of :mod:`specdec_cli.runtime.dot16`'s blocks."""
         c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731 - an i64 constant
-        zero = ir.Constant(_VF, [0.0] * VECTOR)
+        kind = ir.VectorType(_F32, lanes)
+        zero = ir.Constant(kind, [0.0] * lanes)
         entry = builder.block
         loop, done = builder.append_basic_block("sums.loop"), builder.append_basic_block("sums.done")
         builder.cbranch(builder.icmp_signed(">", trip, c64(0)), loop, done)
         builder.position_at_end(loop)
         c = builder.phi(_I64)
-        accs = [builder.phi(_VF) for _ in range(count)]
+        accs = [builder.phi(kind) for _ in range(count)]
         new = body(c, accs)
         step, tail = builder.add(c, c64(1)), builder.block
         c.add_incoming(c64(0), entry)
@@ -79,7 +87,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
             acc.add_incoming(value, tail)
         builder.cbranch(builder.icmp_signed("<", step, trip), loop, done)
         builder.position_at_end(done)
-        finals = [builder.phi(_VF) for _ in range(count)]  # every phi first: LLVM's rule
+        finals = [builder.phi(kind) for _ in range(count)]  # every phi first: LLVM's rule
         for phi, value in zip(finals, new):
             phi.add_incoming(zero, entry)
             phi.add_incoming(value, tail)
@@ -97,19 +105,28 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
     def _emit(builder, args, rows: int, outs: int, fmt: int):
         x_addr, w_addr, k_dim, y_addr, y_stride = args
         c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731 - an i64 constant
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v8f32")
         xp = builder.inttoptr(x_addr, _F32.as_pointer())
         wp = builder.inttoptr(w_addr, (_F32 if fmt == F32 else _I16).as_pointer())
         chunks = builder.sdiv(k_dim, c64(VECTOR))
-        blocks = fmt in BLOCK_FORMATS  # K is then a multiple of 32: no leftovers
-        row_bytes = builder.mul(builder.sdiv(k_dim, c64(BLOCK)), c64(int(BLOCK_BYTES[fmt])))
+        blocks = fmt in BLOCK_FORMATS  # K is then a multiple of 32 (k-quants: 256): no leftovers
+        row_bytes = builder.mul(builder.sdiv(k_dim, c64(int(STORED[fmt]))), c64(int(BLOCK_BYTES[fmt])))
 
-        def products(k, ws, accs):  # 8 products for every (row, output) pair; accumulator r * outs + j
+        pairs = blocks and OUT_PAIRS and outs % 2 == 0  # two outputs' lanes side by side in one 16-lane register
+        groups = [(j, j + 1) for j in range(0, outs, 2)] if pairs else [(j,) for j in range(outs)]
+        width = 2 if pairs else 1  # rows of lanes per accumulator
+        wide = ir.VectorType(_F32, VECTOR * width)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(wide, [wide] * 3),
+                                             f"llvm.fma.v{VECTOR * width}f32")
+
+        def products(k, ws, accs):  # 8 products for every (row, output) pair; accumulator r * len(ws) + group
             new = []
             for r in range(rows):
                 xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(builder.mul(k_dim, c64(r)), k)]),
                                                   _VF.as_pointer()), align=4)
-                new += [builder.call(fma, [xv, ws[j], accs[r * outs + j]]) for j in range(outs)]
+                if width == 2:  # the same 8 inputs in both halves
+                    xv = builder.shuffle_vector(xv, xv, ir.Constant(ir.VectorType(_I32, 2 * VECTOR),
+                                                                    list(range(VECTOR)) * 2))
+                new += [builder.call(fma, [xv, w, accs[r * len(ws) + g]]) for g, w in enumerate(ws)]
             return new
 
         def chunk(c, accs):
@@ -120,16 +137,24 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
 
         def block(b, accs):  # a GGUF block per iteration: its four chunks in chunk order (the same sums as chunk's)
             prefetch_blocks(builder, w_addr, row_bytes, b, outs, fmt)
-            ws = [block_weights(builder, w_addr, row_bytes, j, b, fmt) for j in range(outs)]
+            ws = [block_weights(builder, w_addr, row_bytes, js, b, fmt) for js in groups]
             for i in range(BLOCK // VECTOR):
                 accs = products(builder.add(builder.mul(b, c64(BLOCK)), c64(i * VECTOR)), [w[i] for w in ws], accs)
             return accs
 
         if blocks:
-            finals = fma_sums(builder, builder.sdiv(k_dim, c64(BLOCK)), rows * outs, block)
+            finals = fma_sums(builder, builder.sdiv(k_dim, c64(BLOCK)), rows * len(groups), block, VECTOR * width)
         else:
             finals = fma_sums(builder, chunks, rows * outs, chunk)
-        sums = [[lane_tree(builder, finals[r * outs + j]) for j in range(outs)] for r in range(rows)]
+        sums = [[None] * outs for _ in range(rows)]
+        for r in range(rows):
+            for g, js in enumerate(groups):
+                for h, j in enumerate(js):  # each output's own 8 lanes, then the fixed tree
+                    acc = finals[r * len(groups) + g]
+                    if width == 2:
+                        lanes = list(range(h * VECTOR, (h + 1) * VECTOR))
+                        acc = builder.shuffle_vector(acc, acc, ir.Constant(_VI32, lanes))
+                    sums[r][j] = lane_tree(builder, acc)
         for r in range(rows if not blocks else 0):  # the K mod 8 leftovers, one by one, in order
             for j in range(outs):
                 sums[r][j] = _leftovers(builder, xp, wp, k_dim, chunks, r, j, sums[r][j], fmt)
@@ -224,7 +249,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         n, k_dim = x.shape
         n_out = w.shape[0]
         xa, wa, ya = x.ctypes.data, w.ctypes.data, y.ctypes.data
-        row_bytes = k_dim * ITEM_BYTES[fmt] if ITEM_BYTES[fmt] else k_dim // BLOCK * BLOCK_BYTES[fmt]
+        row_bytes = k_dim * ITEM_BYTES[fmt] if ITEM_BYTES[fmt] else k_dim // STORED[fmt] * BLOCK_BYTES[fmt]
         j = j0
         while j < j1:
             outs = OUTS if j + OUTS <= j1 else 1
