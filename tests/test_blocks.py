@@ -85,6 +85,9 @@ def test_smollm2_reads_its_shipped_blocks_with_the_float32_models_greedy_output(
     assert summary["block_bytes"] < 0.2 * summary["float32_bytes"]
     layers = [m for m in target.model.modules() if isinstance(m, kernels.FastLinear)]
     assert all("blocks" in m._packed and m.table[1] == "blocks" for m in layers)
+    from specdec_cli.runtime import profile  # the budget prices the blocks' steps with their own forward times
+
+    assert profile.model_key(target.model) != profile.model_key(smollm2.model)
     settings = api.RunSettings(max_new_tokens=24)
     for prompt in CHAT_PROMPTS[:2]:
         ids = api.encode_prompt(target, prompt)

@@ -71,8 +71,9 @@ class Profile:
 
 
 def model_key(model, extra: str = "") -> str:
-    """Identity of a model's compute: class, dtype, device, weight shapes, installed kernel plans, and whether its
-    forwards take the lean path (:mod:`specdec_cli.runtime.decoder`)."""
+    """Identity of a model's compute: class, dtype, device, weight shapes, installed kernel plans, the GGUF blocks
+    its layers read (``--kernels blocks``: rows 1-8 then cost per row what de-quantizing costs, not what reading
+    float32 costs), and whether its forwards take the lean path (:mod:`specdec_cli.runtime.decoder`)."""
     from .decoder import decoder_for
     from .kernels import FastLinear, machine_key
 
@@ -85,6 +86,8 @@ def model_key(model, extra: str = "") -> str:
             h.update(f"{name}:{type(module).__name__}:{tuple(weight.shape)}:{weight.dtype}:{weight.device}".encode())
         if isinstance(module, FastLinear):
             h.update(json.dumps(module.plan, sort_keys=True).encode())
+            if "blocks" in module._packed:  # (the float32 model's key is unchanged)
+                h.update(f"blocks:{module._packed['blocks'][1]}".encode())
     return h.hexdigest()[:24]
 
 
