@@ -75,7 +75,7 @@ def measure(model_name: str, dtype: str, rows: list[int], reps: int) -> list[dic
     model = target.model
     linears = [m for m in model.modules() if isinstance(m, kernels.FastLinear)]
     weight_bytes = sum(m._packed["blocks"][0].nbytes if "blocks" in m._packed
-                       else m.weight.numel() * m.weight.element_size() for m in linears)  # rows 1-8 read the blocks (runtime/blocks.BLOCK_ROWS)
+                       else m.weight.numel() * m.weight.element_size() for m in linears)  # rows up to runtime/blocks.block_rows() read the blocks
     cache = engine.new_cache(model)
     engine.forward_chain(model, cache, list(range(100, 164)), keep=0)
     out = []

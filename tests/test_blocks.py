@@ -41,8 +41,8 @@ def random_blocks(fmt: int, n_out: int, k_dim: int, seed: int = 0) -> tuple[np.n
 def test_blocks_give_the_bits_of_dot_on_the_dequantized_weights_for_every_row_and_thread(fmt, shape):
     n_out, k_dim = shape[0], shape[1] * (8 if tiles.STORED[fmt] > 32 else 1)  # k-quants: super-blocks of 256
     raw, weights = random_blocks(fmt, n_out, k_dim)
-    x = np.random.default_rng(1).normal(size=(9, k_dim)).astype(np.float32)
-    for n in (1, 2, 3, 8, 9):
+    x = np.random.default_rng(1).normal(size=(13, k_dim)).astype(np.float32)
+    for n in (1, 2, 3, 4, 5, 8, 9, 13):  # every tile height (AVX-512: 8 and 4 rows too) and their mixes
         for threads in (1, 2):
             from_blocks, from_floats = np.empty((n, n_out), np.float32), np.empty((n, n_out), np.float32)
             dot_rows_threads(x[:n], raw, from_blocks, threads, fmt)

@@ -112,16 +112,26 @@ def attach(model, gguf_path) -> dict:
     return summary
 
 
-BLOCK_ROWS = 8  # rows up to which a product reads the blocks: above, the float32 plan's compute-bound kernels win
-# (SmolLM2, one thread, Intel Xeon VM: blocks 1.87x the float32 plan at 1 row, 1.21x at 8, 0.97x at 12)
+TALL_ROWS = 32  # rows up to which a product reads the blocks with the tall tiles of AVX-512 (tiles.TALL: a block de-quantized once per 8 rows), one thread,
+# Intel Xeon VM, the step's products in ms, blocks against the float32 plan: SmolLM2 16 rows 42 / 86, 32: 83 / 113,
+# 64: 157 / 127; Gemma-3 16: 99 / 164, 32: 196 / 256, 64: 384 / 357 (docs/profiling.md, "Tall tiles")
+SHORT_ROWS = 8  # ... and without them (AVX2), blocks 1.87x the float32 plan at 1 row, 1.21x at 8, 0.97x at 12 (SmolLM2)
+
+
+def block_rows() -> int:
+    """Rows up to which a product reads the blocks: above, the float32 plan's compute-bound kernels win."""
+    from . import tiles
+
+    return TALL_ROWS if getattr(tiles, "TALL", False) else SHORT_ROWS
 
 
 def adopt(linear, table: list[str]) -> tuple[dict, list[str]]:
     """What a :class:`~specdec_cli.runtime.kernels.FastLinear` keeps for ``linear``'s blocks (``{"blocks": (blocks,
     tiles format)}``; nothing without them) and its strategy per row count: ``blocks`` from 1 to
-    :data:`BLOCK_ROWS` rows, the float32 plan's above."""
+    :func:`block_rows` rows, the float32 plan's above."""
     found = getattr(linear, ATTR, None)
     if found is None:
         return {}, table
     assert found[0] in FORMATS.values() and linear.in_features % STORED[found[0]] == 0, "blocks the tiles read"
-    return {"blocks": found[::-1]}, ["blocks" if 1 <= n <= BLOCK_ROWS else s for n, s in enumerate(table)]
+    rows = block_rows()
+    return {"blocks": found[::-1]}, ["blocks" if 1 <= n <= rows else s for n, s in enumerate(table)]

@@ -45,6 +45,9 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         OUT_PAIRS = bool(_llvm.get_host_cpu_features().get("avx512f"))
     except RuntimeError:  # pragma: no cover - a host LLVM cannot describe
         OUT_PAIRS = False
+    # ... and with its 32 registers a tile of up to 8 rows x 4 outputs (16 accumulators, 8 de-quantized vectors)
+    # de-quantizes each block once for 8 rows instead of once per row pair
+    TALL = OUT_PAIRS
     _VF, _VI16, _VI32 = ir.VectorType(_F32, VECTOR), ir.VectorType(_I16, VECTOR), ir.VectorType(_I32, VECTOR)
 
     def _widen(builder, bits, fmt: int, vector: bool):
@@ -210,7 +213,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
             def codegen(context, builder, signature, args):
                 done = builder.append_basic_block("tile.done")
                 switch = builder.switch(args[0], done)
-                for f in range(len(ITEM_BYTES)):
+                for f in range(len(ITEM_BYTES)) if rows <= PAIR else BLOCK_FORMATS:  # tall tiles: blocks only
                     case = builder.append_basic_block(f"tile.fmt{f}")
                     switch.add_case(ir.Constant(args[0].type, f), case)
                     builder.position_at_end(case)
@@ -224,11 +227,16 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         return tile
 
     tile_2x4, tile_1x4, tile_2x1, tile_1x1 = _tile(2, 4), _tile(1, 4), _tile(2, 1), _tile(1, 1)
+    tile_8x4, tile_4x4 = _tile(8, 4), _tile(4, 4)  # GGUF blocks on AVX-512 (TALL): a block de-quantized once per 8 rows
 
     @njit(cache=True, nogil=True, boundscheck=False, inline="always")
     def _tile_at(fmt, rows, outs, xa, wa, k_dim, ya, n_out):  # pragma: no cover - compiled
         """One tile call, the intrinsic picked by shape (well-predicted branches, once per tile)."""
-        if rows == 2:
+        if rows == 8:
+            tile_8x4(fmt, xa, wa, k_dim, ya, n_out)
+        elif rows == 4:
+            tile_4x4(fmt, xa, wa, k_dim, ya, n_out)
+        elif rows == 2:
             tile_2x4(fmt, xa, wa, k_dim, ya, n_out) if outs == 4 else tile_2x1(fmt, xa, wa, k_dim, ya, n_out)
         else:
             tile_1x4(fmt, xa, wa, k_dim, ya, n_out) if outs == 4 else tile_1x1(fmt, xa, wa, k_dim, ya, n_out)
@@ -256,6 +264,8 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
             r = 0
             while r < n:
                 rows = PAIR if pair and r + PAIR <= n else 1
+                if TALL and outs == OUTS and fmt >= BLOCK_FORMATS[0] and r + 4 <= n:
+                    rows = 8 if r + 8 <= n else 4
                 _tile_at(fmt, rows, outs, xa + r * k_dim * 4, wa + j * row_bytes, k_dim, ya + (r * n_out + j) * 4,
                          n_out)
                 r += rows
