@@ -2,7 +2,7 @@
 (issue 34: batched `ar` and `auto` against the release the issue was filed on):
 
     PYTHONPATH=CHECKOUT python scripts/batch_throughput.py --model smollm2-135m --prompts humaneval \
-        [--limit 32] [--sizes 8,32] [--methods ar,auto] [--threads 2] [-n 128] [--json]
+        [--limit 32] [--sizes 8,32] [--methods ar,auto] [--threads 2] [-n 128] [--kernels blocks] [--json]
 
 Unlike `specdec bench --batch-size` it runs neither sequential `ar` nor transformers' batched generate (minutes
 each on two cores): per method and batch size, one untimed warm-up (B prompts, 8 tokens: the batch profile is
@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--methods", default="ar,auto")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
+    ap.add_argument("--kernels", default=None, help="api.load's kernel_mode (blocks: --kernels blocks); left out: "
+                    "the checkout's default, the spelling every release knows")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -42,7 +44,7 @@ def main() -> None:
     from specdec_cli.runtime.machine import set_threads
 
     set_threads(args.threads)
-    target, _ = api.load(args.model)
+    target, _ = api.load(args.model) if args.kernels is None else api.load(args.model, kernel_mode=args.kernels)
     load = prompt_sets.load_humaneval if args.prompts == "humaneval" else prompt_sets.load_mt_bench
     prompts = load()[: args.limit]
     n = args.max_new_tokens
@@ -58,7 +60,8 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             new = sum(len(r.tokens) for r in results)
             digest = hashlib.sha256(json.dumps([r.tokens for r in results]).encode()).hexdigest()[:16]
-            row = {"model": args.model, "prompts": args.prompts, "method": method, "batch_size": size,
+            row = {"model": args.model, "prompts": args.prompts, "kernels": args.kernels or "default",
+                   "method": method, "batch_size": size,
                    "tokens": new, "seconds": round(seconds, 3), "tokens_per_s": round(new / seconds, 2),
                    "forwards": sum(r.summary()["target_forwards"] for r in results), "outputs": digest}
             rows.append(row)
