@@ -22,9 +22,14 @@ def ident(r):
     return f"{r['identical']}/{r['generations']}"
 
 
+def rate(run: dict, anchor: dict, method: str) -> float:
+    """``method``'s tokens per second over the anchor's (llama.cpp) in the same run."""
+    return run[method]["tokens_per_s"] / anchor["tokens_per_s"]
+
+
 def with_float32(prefix: str) -> None:
-    print("| set | `ar` blocks decode tok/s | llama.cpp stored decode | ratio | `ar` blocks end to end | `auto` blocks | "
-          "llama.cpp stored | `auto` / llama.cpp stored | llama.cpp F32 | `ar` float32 | `auto` float32 | llama.cpp "
+    print("| set | `ar` blocks decode tok/s | llama.cpp stored decode | ratio | `ar` blocks end to end | `auto` blocks "
+          "| llama.cpp stored | `auto` / llama.cpp stored | llama.cpp F32 | `ar` float32 | `auto` float32 | llama.cpp "
           "stored (float32 run) | `ar` blocks / float32 | `auto` blocks / float32 | identical to `ar` |")
     print("|" + "---|" * 15)
     for s in SETS:
@@ -41,8 +46,7 @@ def with_float32(prefix: str) -> None:
               f"| {B['ar']['tokens_per_s']:.1f} | {B['auto']['tokens_per_s']:.1f} | {lb['tokens_per_s']:.1f} "
               f"| {B['auto']['tokens_per_s'] / lb['tokens_per_s']:.2f} | {B['llama-cpp']['tokens_per_s']:.1f} "
               f"| {F['ar']['tokens_per_s']:.1f} | {F['auto']['tokens_per_s']:.1f} | {lf['tokens_per_s']:.1f} "
-              f"| {(B['ar']['tokens_per_s'] / lb['tokens_per_s']) / (F['ar']['tokens_per_s'] / lf['tokens_per_s']):.2f} "
-              f"| {(B['auto']['tokens_per_s'] / lb['tokens_per_s']) / (F['auto']['tokens_per_s'] / lf['tokens_per_s']):.2f} "
+              f"| {rate(B, lb, 'ar') / rate(F, lf, 'ar'):.2f} | {rate(B, lb, 'auto') / rate(F, lf, 'auto'):.2f} "
               f"| ar {ident(B['ar'])}, auto {ident(B['auto'])}; stored {ident(lb)}, F32 {ident(B['llama-cpp'])} |")
 
 

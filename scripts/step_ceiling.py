@@ -74,8 +74,9 @@ def measure(model_name: str, dtype: str, rows: list[int], reps: int) -> list[dic
                          kernel_mode="blocks" if blocks else "auto")
     model = target.model
     linears = [m for m in model.modules() if isinstance(m, kernels.FastLinear)]
+    # rows up to runtime/blocks.block_rows() read the blocks
     weight_bytes = sum(m._packed["blocks"][0].nbytes if "blocks" in m._packed
-                       else m.weight.numel() * m.weight.element_size() for m in linears)  # rows up to runtime/blocks.block_rows() read the blocks
+                       else m.weight.numel() * m.weight.element_size() for m in linears)
     cache = engine.new_cache(model)
     engine.forward_chain(model, cache, list(range(100, 164)), keep=0)
     out = []

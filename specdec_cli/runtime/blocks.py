@@ -28,7 +28,7 @@ from ..errors import SpecdecError
 from .ggml_blocks import GGUF_NAMES, STORED, dequantize
 
 FORMATS = {name: fmt for fmt, name in GGUF_NAMES.items()}  # GGUF tensor type -> tiles format
-ATTR = "_specdec_gguf_blocks"  # set on an nn.Linear: (format, blocks [out, in // 32 * block bytes] uint8)
+ATTR = "_specdec_gguf_blocks"  # set on an nn.Linear: (format, blocks [out, in // STORED * block bytes] uint8)
 # GGUF's per-layer tensor names (llama.cpp's converter) -> the transformers module of a Llama or Gemma-3 layer
 LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -112,9 +112,10 @@ def attach(model, gguf_path) -> dict:
     return summary
 
 
-TALL_ROWS = 32  # rows up to which a product reads the blocks with the tall tiles of AVX-512 (tiles.TALL: a block de-quantized once per 8 rows), one thread,
-# Intel Xeon VM, the step's products in ms, blocks against the float32 plan: SmolLM2 16 rows 42 / 86, 32: 83 / 113,
-# 64: 157 / 127; Gemma-3 16: 99 / 164, 32: 196 / 256, 64: 384 / 357 (docs/profiling.md, "Tall tiles")
+TALL_ROWS = 32  # rows up to which a product reads the blocks with the tall tiles of AVX-512 (tiles.TALL: a block
+# de-quantized once per 8 rows). One thread, Intel Xeon VM, the step's products in ms, blocks / the float32 plan:
+# SmolLM2 16 rows 42 / 86, 32: 83 / 113, 64: 157 / 127; Gemma-3 16: 99 / 164, 32: 196 / 256, 64: 384 / 357
+# (docs/profiling.md, "The k-quants, output pairs and tall tiles")
 SHORT_ROWS = 8  # ... and without them (AVX2), blocks 1.87x the float32 plan at 1 row, 1.21x at 8, 0.97x at 12 (SmolLM2)
 
 

@@ -36,7 +36,7 @@ VECTOR = 8  # float32 lanes of the tiles' accumulators (tiles.VECTOR)
 
 def dequantize(w: np.ndarray, fmt: int) -> np.ndarray:
     """gguf's own reference de-quantization (``gguf.quants``, a dependency), in float32: blocks
-    ``[N, K / 32 * bytes]`` -> ``[N, K]``."""
+    ``[N, K / STORED[fmt] * BLOCK_BYTES[fmt]]`` -> ``[N, K]``."""
     from gguf import GGMLQuantizationType, quants
 
     return quants.dequantize(w, GGMLQuantizationType[GGUF_NAMES[fmt]]).astype(np.float32, copy=False)
@@ -76,6 +76,7 @@ def _constant(value, n: int):
 def _eight(builder, addrs: list):
     """Eight bytes at each address (an i64 per row) -> one i32 vector over the rows (zero-extended)."""
     kind = ir.VectorType(ir.IntType(8), VECTOR)
+    assert 1 <= len(addrs) <= 2, "one row or an output pair"
     parts = [builder.load(builder.inttoptr(a, kind.as_pointer()), align=1) for a in addrs]
     both = parts[0] if len(parts) == 1 else builder.shuffle_vector(
         parts[0], parts[1], ir.Constant(_lanes(_I32, 2), list(range(2 * VECTOR))))
@@ -155,8 +156,8 @@ def _k_quant(builder, ats: list, sub, fmt: int) -> list:
         # (d * sc) * q is exact in float32 (11 x 6 x 4 bits), so one fused multiply-add rounds it minus dmin * m
         # as gguf's multiply-then-subtract does
         return [builder.call(_fma(builder, n), [dsc, builder.uitofp(v, vf), minus_dm]) for v in q]
-    # Q6_K: weights 128 h + 32 t + i (t = sub % 4): low nibble of ql[64 h + 32 (t % 2) + i] (shifted 4 (t // 2)),
-    # high pair of qh[128 + 32 h + i] (shifted 2 t); scale 2 sub (i < 16) or 2 sub + 1
+    # Q6_K: weights 128 h + 32 t + i (t = sub % 4): low nibble of byte 64 h + 32 (t % 2) + i (shifted 4 (t // 2)),
+    # high pair of byte 128 + 32 h + i (shifted 2 t), both offsets in the block; scale 2 sub (i < 16) or 2 sub + 1
     h, t = builder.lshr(sub, c64(2)), builder.and_(sub32, c32(3))
     low_at = builder.add(builder.mul(h, c64(64)), builder.mul(builder.and_(sub, c64(1)), c64(32)))
     high_at = builder.add(c64(128), builder.mul(h, c64(32)))

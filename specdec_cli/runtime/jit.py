@@ -44,6 +44,10 @@ def cache_dir() -> Path | None:
         return None
 
 
+try:
+    LOADED = compiled_sources_digest()  # the compiled sources this process runs (profiles of GGUF blocks name it)
+except OSError:  # pragma: no cover - an unreadable source
+    LOADED = ""
 _MINE = cache_dir()
 if _MINE is not None:  # in the environment too: numba re-reads its configuration from it when NUMBA_* changes
     os.environ["NUMBA_CACHE_DIR"] = str(_MINE)

@@ -75,10 +75,10 @@ def model_key(model, extra: str = "") -> str:
     its layers read (``--kernels blocks``: their rows then cost what de-quantizing costs, not what reading
     float32 costs), and whether its forwards take the lean path (:mod:`specdec_cli.runtime.decoder`)."""
     from .decoder import decoder_for
-    from .jit import compiled_sources_digest
+    from .jit import LOADED
     from .kernels import FastLinear, machine_key
 
-    h, code = hashlib.sha256(), ""
+    h = hashlib.sha256()
     lean = decoder_for(model) is not None
     h.update(f"{machine_key()}|{type(model).__name__}|{extra}|lean={lean}|v{PROFILE_VERSION}".encode())
     for name, module in model.named_modules():
@@ -87,10 +87,9 @@ def model_key(model, extra: str = "") -> str:
             h.update(f"{name}:{type(module).__name__}:{tuple(weight.shape)}:{weight.dtype}:{weight.device}".encode())
         if isinstance(module, FastLinear):
             h.update(json.dumps(module.plan, sort_keys=True).encode())
-            if "blocks" in module._packed:  # the rows that read them, and the code that reads them (the float32
-                # model's key is unchanged)
-                code = code or compiled_sources_digest()
-                h.update(f"blocks:{module._packed['blocks'][1]}:{module.table}:{code}".encode())
+            if "blocks" in module._packed:  # the rows that read them, and the compiled code this process runs (any
+                # change to a compiling module measures them again; the float32 model's key is unchanged)
+                h.update(f"blocks:{module._packed['blocks'][1]}:{module.table}:{LOADED}".encode())
     return h.hexdigest()[:24]
 
 

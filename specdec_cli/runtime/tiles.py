@@ -14,7 +14,8 @@ fast-math flags (LLVM may not reorder it): lane ``l`` of one :data:`VECTOR`-wide
 ``k = l, l + 8, ...`` by fused multiply-adds (``llvm.fma``), the lanes are added in a fixed tree (4 + 4, 2 + 2,
 1 + 1), then the ``K mod 8`` leftover products one by one (multiply, then add). Every tile shape runs exactly
 these operations for each of its (row, output) pairs, so a row's result does not depend on the rows or the tile
-beside it: a verified draft row's logits are those of a one-row forward.
+beside it: a verified draft row's logits are those of a one-row forward. On AVX-512 the GGUF blocks' tiles hold two
+outputs' accumulators in one 16-lane register (8 lanes each: the same operations) and come 4 and 8 rows tall too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .ggml_blocks import (BLOCK, BLOCK_BYTES, BLOCK_FORMATS, Q4_1, Q4_K, Q5_0, Q
                           block_weights, dequantize, prefetch_blocks)
 from .jit import COMPILED, njit
 
-VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output)
+VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output) (two outputs per AVX-512 one)
 OUTS = 4  # outputs per tile: 2 rows x 4 outputs = 8 accumulators + 4 weight vectors + 1 input: AVX2's 16 registers
 PAIR = 2  # rows per tile (3 rows x 4 outputs measured slower: the 12 accumulators leave too few registers)
 F32, BF16, FP16 = 0, 1, 2  # weight formats (an int: one compiled driver serves them all; GGUF blocks: 3-7)
@@ -48,6 +49,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
     # ... and with its 32 registers a tile of up to 8 rows x 4 outputs (16 accumulators, 8 de-quantized vectors)
     # de-quantizes each block once for 8 rows instead of once per row pair
     TALL = OUT_PAIRS
+    TALL_HEIGHTS = (8, 4)  # the tall tiles' heights, tallest first
     _VF, _VI16, _VI32 = ir.VectorType(_F32, VECTOR), ir.VectorType(_I16, VECTOR), ir.VectorType(_I32, VECTOR)
 
     def _widen(builder, bits, fmt: int, vector: bool):
@@ -205,14 +207,18 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
 
     def _tile(rows: int, outs: int):
         """An intrinsic ``tile(fmt, x_addr, w_addr, K, y_addr, y_stride)``: rows ``x[0:rows]`` (``K`` floats apart)
-        times weight rows ``w[0:outs]`` (``K`` elements, or ``K / 32`` blocks, apart) in format ``fmt``, stored at
+        times weight rows ``w[0:outs]`` (``K`` elements, or ``K / STORED`` blocks, apart) in format ``fmt``, stored at
         ``y[r * y_stride + j]``. One switch on ``fmt`` per tile, then that format's loop."""
 
         @intrinsic
         def tile(typingctx, fmt, x_addr, w_addr, k_dim, y_addr, y_stride):
             def codegen(context, builder, signature, args):
-                done = builder.append_basic_block("tile.done")
-                switch = builder.switch(args[0], done)
+                done, unknown = builder.append_basic_block("tile.done"), builder.append_basic_block("tile.unknown")
+                switch = builder.switch(args[0], unknown)
+                builder.position_at_end(unknown)  # a format this tile does not emit: stop, never leave y unwritten
+                builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                            "llvm.trap"), [])
+                builder.unreachable()
                 for f in range(len(ITEM_BYTES)) if rows <= PAIR else BLOCK_FORMATS:  # tall tiles: blocks only
                     case = builder.append_basic_block(f"tile.fmt{f}")
                     switch.add_case(ir.Constant(args[0].type, f), case)
@@ -227,7 +233,8 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         return tile
 
     tile_2x4, tile_1x4, tile_2x1, tile_1x1 = _tile(2, 4), _tile(1, 4), _tile(2, 1), _tile(1, 1)
-    tile_8x4, tile_4x4 = _tile(8, 4), _tile(4, 4)  # GGUF blocks on AVX-512 (TALL): a block de-quantized once per 8 rows
+    # GGUF blocks on AVX-512 (TALL): a block de-quantized once per 8 rows; elsewhere never called (no code emitted)
+    tile_8x4, tile_4x4 = (_tile(8, 4), _tile(4, 4)) if TALL else (tile_2x4, tile_2x4)
 
     @njit(cache=True, nogil=True, boundscheck=False, inline="always")
     def _tile_at(fmt, rows, outs, xa, wa, k_dim, ya, n_out):  # pragma: no cover - compiled
@@ -264,8 +271,8 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
             r = 0
             while r < n:
                 rows = PAIR if pair and r + PAIR <= n else 1
-                if TALL and outs == OUTS and fmt >= BLOCK_FORMATS[0] and r + 4 <= n:
-                    rows = 8 if r + 8 <= n else 4
+                if TALL and pair and outs == OUTS and ITEM_BYTES[fmt] == 0 and r + TALL_HEIGHTS[1] <= n:  # blocks
+                    rows = TALL_HEIGHTS[0] if r + TALL_HEIGHTS[0] <= n else TALL_HEIGHTS[1]
                 _tile_at(fmt, rows, outs, xa + r * k_dim * 4, wa + j * row_bytes, k_dim, ya + (r * n_out + j) * 4,
                          n_out)
                 r += rows
