@@ -74,7 +74,7 @@ def _constant(value, n: int):
 
 
 def _eight(builder, addrs: list):
-    """Eight bytes at each address (an i64 per row) -> one i32 vector over the rows (zero-extended)."""
+    """Eight bytes at each address (an i64 per row) -> one i8 vector over the rows (the caller widens them)."""
     kind = ir.VectorType(ir.IntType(8), VECTOR)
     assert 1 <= len(addrs) <= 2, "one row or an output pair"
     parts = [builder.load(builder.inttoptr(a, kind.as_pointer()), align=1) for a in addrs]
