@@ -49,7 +49,6 @@ except ImportError:  # pragma: no cover
     ir = None
 else:
     _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-    _VF, _VI32 = ir.VectorType(_F32, VECTOR), ir.VectorType(_I32, VECTOR)
 
 
 def _lanes(kind, n: int):
@@ -78,9 +77,13 @@ def _eight(builder, addrs: list):
     kind = ir.VectorType(ir.IntType(8), VECTOR)
     assert 1 <= len(addrs) <= 2, "one row or an output pair"
     parts = [builder.load(builder.inttoptr(a, kind.as_pointer()), align=1) for a in addrs]
-    both = parts[0] if len(parts) == 1 else builder.shuffle_vector(
+    return parts[0] if len(parts) == 1 else builder.shuffle_vector(
         parts[0], parts[1], ir.Constant(_lanes(_I32, 2), list(range(2 * VECTOR))))
-    return both
+
+
+def _half(builder, addr):
+    """The float16 at ``addr`` (an i64), as a float32 (exact)."""
+    return builder.fpext(builder.load(builder.inttoptr(addr, ir.HalfType().as_pointer())), _F32)
 
 
 def _fma(builder, n: int):
@@ -102,8 +105,7 @@ def block_weights(builder, w_addr, row_bytes, js: tuple, b, fmt: int) -> list:
     if per > 1:
         return _k_quant(builder, ats, builder.urem(b, c64(per)), fmt)
     at = lambda off: [builder.add(a, c64(off)) for a in ats]  # noqa: E731 - each row's address + off
-    halves = lambda off: _spread(builder, [builder.fpext(builder.load(builder.inttoptr(a, ir.HalfType().as_pointer())),
-                                                         _F32) for a in at(off)], _F32)  # noqa: E731
+    halves = lambda off: _spread(builder, [_half(builder, a) for a in at(off)], _F32)  # noqa: E731
     d, vf, vi = halves(0), _lanes(_F32, n), _lanes(_I32, n)
     if fmt == Q8_0:
         return [builder.fmul(builder.sitofp(_eight(builder, at(2 + 8 * i)), vf), d) for i in range(4)]
@@ -130,8 +132,7 @@ def _k_quant(builder, ats: list, sub, fmt: int) -> list:
     n = len(ats)
     byte = lambda a, off: builder.zext(builder.load(builder.inttoptr(builder.add(a, off),  # noqa: E731
                                                                      ir.IntType(8).as_pointer())), _I32)
-    half = lambda a, off: builder.fpext(builder.load(builder.inttoptr(builder.add(a, c64(off)),  # noqa: E731
-                                                                      ir.HalfType().as_pointer())), _F32)
+    half = lambda a, off: _half(builder, builder.add(a, c64(off)))  # noqa: E731
     eight = lambda off: _eight(builder, [builder.add(a, off) for a in ats])  # noqa: E731
     splat = lambda v: _spread(builder, [v] * n, _I32)  # noqa: E731 - one i32 (the same for every row) in every lane
     vf, vi = _lanes(_F32, n), _lanes(_I32, n)

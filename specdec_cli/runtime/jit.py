@@ -33,13 +33,14 @@ def compiled_sources_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_dir() -> Path | None:
+def cache_dir(digest: str = "") -> Path | None:
     """Where numba caches this package's compiled functions (None: where the user's ``NUMBA_CACHE_DIR`` says, or
-    numba's own place when there is no home folder to put the cache under)."""
+    numba's own place when there is no home folder to put the cache under). ``digest``: the sources' digest when
+    the caller has it (taken now otherwise)."""
     if os.environ.get("NUMBA_CACHE_DIR") and USER_CACHE:
         return None
     try:
-        return cache_root() / "numba" / compiled_sources_digest()
+        return cache_root() / "numba" / (digest or compiled_sources_digest())
     except (OSError, RuntimeError):  # no home folder (Path.home), an unreadable source
         return None
 
@@ -48,7 +49,7 @@ try:
     LOADED = compiled_sources_digest()  # the compiled sources this process runs (profiles of GGUF blocks name it)
 except OSError:  # pragma: no cover - an unreadable source
     LOADED = ""
-_MINE = cache_dir()
+_MINE = cache_dir(LOADED)  # the digest once at import
 if _MINE is not None:  # in the environment too: numba re-reads its configuration from it when NUMBA_* changes
     os.environ["NUMBA_CACHE_DIR"] = str(_MINE)
 
