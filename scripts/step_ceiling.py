@@ -46,17 +46,23 @@ def best_of(fn, reps: int) -> tuple[float, float]:
 
 
 def product(layer, n: int):
-    """One linear layer's product on ``n`` rows as the step computes it: the 16-bit kernel called directly (the
-    compiled layers of runtime/fused.py call it from inside numba), a float32 layer through its measured plan."""
+    """One linear layer's product on ``n`` rows as the step computes it: the 16-bit kernel, or at one thread the GGUF
+    blocks' tiles, called directly (the compiled layers of runtime/fused.py call them from inside numba), a float32
+    layer through its measured plan."""
     import numpy as np
     import torch
 
     from specdec_cli.runtime import dot16, kernels16
 
+    x, y = np.zeros((n, layer.in_features), np.float32), np.empty((n, layer.out_features), np.float32)
+    found = layer._packed.get("blocks")
+    if found is not None:  # a blocks model: the tiles its compiled layers call, at every row count
+        from specdec_cli.runtime import tiles
+
+        return lambda: tiles.dot_tiled(x, found[0], y, found[1], True)
     if layer._bits is None:
         x = torch.zeros(1, n, layer.in_features)
         return lambda: layer(x)
-    x, y = np.zeros((n, layer.in_features), np.float32), np.empty((n, layer.out_features), np.float32)
     kernel = dot16.KERNELS[kernels16.FORMATS[layer.weight.dtype]]
     block = kernels16.BLOCKED.get(layer.table[n], 2)
     return lambda: kernel(x, layer._bits, y, block)

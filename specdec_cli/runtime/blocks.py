@@ -135,3 +135,8 @@ def adopt(linear, table: list[str]) -> tuple[dict, list[str]]:
     assert found[0] in FORMATS.values() and linear.in_features % STORED[found[0]] == 0, "blocks the tiles read"
     rows = block_rows()
     return {"blocks": found[::-1]}, ["blocks" if 1 <= n <= rows else s for n, s in enumerate(table)]
+
+
+def attached(model) -> bool:
+    """Whether a linear layer of ``model`` reads GGUF blocks (``--kernels blocks``, after the kernels' install)."""
+    return any("blocks" in getattr(m, "_packed", ()) for m in model.modules())

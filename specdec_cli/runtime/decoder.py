@@ -37,7 +37,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import attend, fused, kernels
+from . import attend, blocks, fused, kernels
 from .kernels16 import any_order, is_wide
 from .layer_ops import Layer, gemma_norm, llama_norm, norm_weights, rotate
 from .masks import CAUSAL, causal_full_layers, layer_windows, masks_to, plain_causal
@@ -77,7 +77,10 @@ class Decoder:
         self.stamp = _stamp(model)
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.capacity = 0
-        self.fused = fused.fused_for(self, model) if self.wide else None  # compiled layers (runtime.fused)
+        # compiled layers (runtime.fused): a wide model's, and a GGUF blocks model's (its one-row step is then its
+        # products and ~2 ms, against ~10 ms of per-call overhead and small tensor operations here: SmolLM2 19.1 ->
+        # 10.9 ms, docs/profiling.md, "Compiled layers for the blocks")
+        self.fused = fused.fused_for(self, model) if self.wide or blocks.attached(model) else None
 
     def windows_shown_by(self, cache) -> bool:
         """Whether each sliding-window layer's cache shows only its window (then one query row needs no mask)."""
@@ -112,7 +115,8 @@ class Decoder:
         ids, positions = (ids, positions) if ids.dim() == 2 else (ids.unsqueeze(0), positions.unsqueeze(0))
         assert ids.shape == positions.shape and (ids.shape[0] == 1 or not self.wide), "wide models: one sequence"
         self._rope_tables(int(positions.max()) + 1)
-        exact = self.wide and keep != 0  # rows whose logits are read: row-invariant attention (runtime.attend)
+        # rows whose logits are read: row-invariant attention (runtime.attend), compiled layers where there are
+        exact = keep != 0 and real is None and (self.wide or self.fused is not None)
         if self.wide:
             x = F.embedding(ids, self.embed.weight).float() * self.embed_scale
         else:
@@ -232,7 +236,7 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         mask = causal_full_layers(mask) if prefill else mask
     # tokens a wide model is fed after a prefix (keep=0, a non-empty cache) run as rows that are read (one is), so
     # their keys and values are bit for bit those of the same tokens verified or decoded one by one
-    fed = dec.wide and keep == 0 and not prefill
+    fed = (dec.wide or dec.fused is not None) and keep == 0 and not prefill
     with kernels.active(), any_order(prefill):
         logits = dec.forward(cache, ids, pos, mask, 1 if fed else keep)
     return logits[:0] if fed else logits

@@ -27,13 +27,15 @@ import torch
 from .jit import COMPILED, njit
 
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # the MLP activations out_step computes
-FMT = {torch.bfloat16: 0, torch.float16: 1}
+FMT = {torch.bfloat16: 1, torch.float16: 2}  # tiles' format numbers (runtime/tiles.py: F32 0, BF16 1, FP16 2;
+# GGUF blocks 3-7, runtime/ggml_blocks.py)
 GELU_C, GELU_A = np.float32(0.7978845608028654), np.float32(0.044715)  # sqrt(2 / pi); tanh-GELU's cubic term
 EXP_HI, EXP_LO = np.float32(88.0), np.float32(-87.0)  # exp's argument kept where 2**n is a normal float32
 
 if COMPILED:  # pragma: no branch - without numba no model is wide (kernels16.FORMATS is empty)
     from .attend import LN2_HI, LN2_LO, LOG2E, P0, P1, P2, P3, P4, P5, _float_bits, attend
-    from .dot16 import LANES, dot_bf16, dot_fp16, f32_1
+    from .dot16 import LANES, f32_1
+    from .tiles import dot_tiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -51,10 +53,8 @@ def _exp(x):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _dot(fmt, x, w, y, block):  # pragma: no cover - compiled
-    if fmt == 0:
-        dot_bf16(x, w, y, block)
-    else:
-        dot_fp16(x, w, y, block)
+    """``y = x @ widen(w).T`` by the tiles (``block`` >= 2: row pairs; the same bits either way)."""
+    dot_tiled(x, w, y, fmt, block >= 2)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -89,14 +89,14 @@ def _rope(x, cos, sin):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def qkv_step(x, fmt, wq, wk, wv, blocks, norm_w, eps, gemma, qn_w, kn_w, cos, sin, q, k, v):  # pragma: no cover
+def qkv_step(x, fmts, wq, wk, wv, blocks, norm_w, eps, gemma, qn_w, kn_w, cos, sin, q, k, v):  # pragma: no cover
     """``q [n, H, hd]``, ``k``, ``v`` ``[n, KVH, hd]`` of one layer for the residual rows ``x [n, D]``."""
     n = x.shape[0]
     h = np.empty_like(x)
     _norm(x, norm_w, eps, gemma, h)
-    _dot(fmt, h, wq, q.reshape(n, -1), blocks[0])
-    _dot(fmt, h, wk, k.reshape(n, -1), blocks[1])
-    _dot(fmt, h, wv, v.reshape(n, -1), blocks[2])
+    _dot(fmts[0], h, wq, q.reshape(n, -1), blocks[0])
+    _dot(fmts[1], h, wk, k.reshape(n, -1), blocks[1])
+    _dot(fmts[2], h, wv, v.reshape(n, -1), blocks[2])
     if qn_w.shape[0]:  # Gemma's per-head q/k norms
         hd = q.shape[2]
         for name in range(2):
@@ -122,7 +122,7 @@ def _act(g, u, kind):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def out_step(x, q, keys, values, start, stop, visible, scale, fmt, wo, wg, wu, wd, blocks, norms, eps, gemma,
+def out_step(x, q, keys, values, start, stop, visible, scale, fmts, wo, wg, wu, wd, blocks, norms, eps, gemma,
              act):  # pragma: no cover - compiled
     """The rest of one layer on the residual rows ``x [n, D]`` (updated in place): attention of ``q`` over the
     cache's columns ``[start, stop)``, the output product, (Gemma: its norm), the residual add, the MLP's norm,
@@ -133,7 +133,7 @@ def out_step(x, q, keys, values, start, stop, visible, scale, fmt, wo, wg, wu, w
     a = np.empty((n, heads, hd), np.float32)
     attend(q, keys, values, start, stop, visible, scale, a)
     o = np.empty((n, d), np.float32)
-    _dot(fmt, a.reshape(n, heads * hd), wo, o, blocks[3])
+    _dot(fmts[3], a.reshape(n, heads * hd), wo, o, blocks[3])
     if gemma:
         _norm(o.copy(), norms[0], eps, True, o)
     x += o
@@ -141,10 +141,10 @@ def out_step(x, q, keys, values, start, stop, visible, scale, fmt, wo, wg, wu, w
     _norm(x, norms[1] if gemma else norms[0], eps, gemma, h)
     g = np.empty((n, wg.shape[0]), np.float32)
     u = np.empty((n, wu.shape[0]), np.float32)
-    _dot(fmt, h, wg, g, blocks[4])
-    _dot(fmt, h, wu, u, blocks[5])
+    _dot(fmts[4], h, wg, g, blocks[4])
+    _dot(fmts[5], h, wu, u, blocks[5])
     _act(g, u, act)
-    _dot(fmt, g, wd, o, blocks[6])
+    _dot(fmts[6], g, wd, o, blocks[6])
     if gemma:
         _norm(o.copy(), norms[2], eps, True, o)
     x += o
@@ -170,7 +170,8 @@ class WideLayer:
     def __init__(self, layer, gemma: bool):
         mods = [f.__self__ for f in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
         self.modules = mods
-        self.w = [m._bits for m in mods]
+        self.w, fmts = zip(*(stored_weight(m) for m in mods))
+        self.fmts = np.array(fmts, np.int64)
         self.norm_in = layer.norms[0][0].numpy()
         self.norms = np.stack([w.numpy() for w, _ in layer.norms[1:]])
         self.qn = layer.q_norm[0].numpy() if layer.q_norm is not None else NO_NORM
@@ -186,6 +187,18 @@ class WideLayer:
             hit = self._blocks[n] = np.array([BLOCKED.get(m.table[n] if n < len(m.table) else m.wide, 2)
                                               for m in self.modules], np.int64)
         return hit
+
+
+def stored_weight(linear) -> tuple[np.ndarray, int]:
+    """A linear layer's weight as the tiles read it and its tiles format: 16-bit bits (``uint16``), a GGUF file's
+    blocks (``uint8``, ``--kernels blocks``), or the float32 weight's bytes (``uint8``: a blocks model's layer the
+    file gave no blocks for; every weight of one model then has one array type, so one compiled signature)."""
+    if linear._bits is not None:
+        return linear._bits, FMT[linear.weight.dtype]
+    found = linear._packed.get("blocks")
+    if found is not None:
+        return found
+    return linear.weight.detach().numpy().view(np.uint8), 0
 
 
 def fused_for(dec, model):
@@ -207,7 +220,7 @@ def fused_for(dec, model):
 class Fused:
     def __init__(self, dec, layers: list[WideLayer], act: int, eps, head):
         self.dec, self.layers, self.act, self.eps, self.head = dec, layers, act, eps, head
-        self.fmt = FMT[head.weight.dtype]
+        self.head_w, self.head_fmt = stored_weight(head)
         self.final = dec.final_norm[0].numpy()
         self._host = weakref.WeakKeyDictionary()  # cache layer -> (its key buffer, numpy keys, numpy values)
 
@@ -241,7 +254,7 @@ class Fused:
         for i, (wl, cache_layer, layer) in enumerate(zip(self.layers, cache.layers, dec.layers)):
             blocks = wl.blocks(n)
             cos, sin = rope[layer.rope]
-            qkv_step(xs, self.fmt, wl.w[0], wl.w[1], wl.w[2], blocks, wl.norm_in, self.eps, gemma, wl.qn, wl.kn,
+            qkv_step(xs, wl.fmts, wl.w[0], wl.w[1], wl.w[2], blocks, wl.norm_in, self.eps, gemma, wl.qn, wl.kn,
                      cos, sin, q, k, v)
             past = cache_layer.length
             views = self.host_rows(cache_layer, n)
@@ -255,11 +268,11 @@ class Fused:
                 cache_layer.set_length(past + n)
             m = seen if seen is None or not isinstance(seen, dict) else seen[dec.types[i]]
             out_step(xs, q, keys, values, cache_layer.visible_start(past), cache_layer.length,
-                     EVERY_COLUMN if m is None else m, scale, self.fmt, wl.w[3], wl.w[4], wl.w[5],
+                     EVERY_COLUMN if m is None else m, scale, wl.fmts, wl.w[3], wl.w[4], wl.w[5],
                      wl.w[6], blocks, wl.norms, self.eps, gemma, self.act)
         rows = xs if keep is None else xs[n - keep:]
         logits = torch.empty((rows.shape[0], dec.vocab), dtype=torch.float32)
         block = self.layers[0].blocks(rows.shape[0])[0] if rows.shape[0] else 1
-        head_step(np.ascontiguousarray(rows), self.final, self.eps, gemma, self.fmt, self.head._bits, block,
+        head_step(np.ascontiguousarray(rows), self.final, self.eps, gemma, self.head_fmt, self.head_w, block,
                   logits.numpy())
         return logits

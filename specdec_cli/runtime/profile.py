@@ -79,7 +79,8 @@ def model_key(model, extra: str = "") -> str:
     from .kernels import FastLinear, machine_key
 
     h = hashlib.sha256()
-    lean = decoder_for(model) is not None
+    dec = decoder_for(model)
+    lean, compiled = dec is not None, dec is not None and dec.fused is not None  # compiled: runtime.fused's layers
     h.update(f"{machine_key()}|{type(model).__name__}|{extra}|lean={lean}|v{PROFILE_VERSION}".encode())
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
@@ -89,7 +90,7 @@ def model_key(model, extra: str = "") -> str:
             h.update(json.dumps(module.plan, sort_keys=True).encode())
             if "blocks" in module._packed:  # the rows that read them, and the compiled code this process runs (any
                 # change to a compiling module measures them again; the float32 model's key is unchanged)
-                h.update(f"blocks:{module._packed['blocks'][1]}:{module.table}:{LOADED}".encode())
+                h.update(f"blocks:{module._packed['blocks'][1]}:{module.table}:{LOADED}:{compiled}".encode())
     return h.hexdigest()[:24]
 
 
