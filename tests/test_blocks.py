@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_cli.runtime import blocks, kernels, tiles
+from specdec_cli.runtime import blocks, decoder, kernels, tiles
+from specdec_cli.runtime import forward as engine
 from specdec_cli.runtime.dot import dot_rows_threads
 
-from conftest import CHAT_PROMPTS
+from conftest import CHAT_PROMPTS, tiny_gemma3, tiny_llama
 
 pytestmark = pytest.mark.skipif("dot" not in kernels.STRATEGIES, reason="numba not installed")
 QUANT = {tiles.Q4_1: "Q4_1", tiles.Q8_0: "Q8_0", tiles.Q5_0: "Q5_0", tiles.Q4_K: "Q4_K", tiles.Q6_K: "Q6_K"}
@@ -180,3 +181,56 @@ def test_blocks_layer_takes_bias_3d_and_strided_inputs(threads):
     dot_rows_threads(np.ascontiguousarray(x.reshape(6, 64).numpy()), weights, plain, 1)
     bias = plain_layer.bias.detach()
     assert y.shape == (2, 3, 10) and torch.equal(y, (torch.from_numpy(plain) + bias).view(2, 3, 10))
+
+
+def with_blocks(make, monkeypatch, tmp_path):
+    """A tiny model whose linear layers read random GGUF blocks (their de-quantized weights copied into the
+    float32 ones), formats mixed per layer, one layer left on its float32 weight; kernels installed."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    model = make(vocab=16)
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    formats = [tiles.Q4_1, tiles.Q8_0, tiles.Q5_0]
+    for i, linear in enumerate(linears[1:]):  # the first keeps its float32 weight (tiles format F32)
+        raw, weights = random_blocks(formats[i % 3], linear.out_features, linear.in_features, seed=i)
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(weights))
+        setattr(linear, blocks.ATTR, (formats[i % 3], raw))
+    kernels.install(model)
+    assert decoder.decoder_for(model).fused is not None
+    return model
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_a_blocks_models_rows_are_its_one_row_forwards_bit_for_bit(make, monkeypatch, tmp_path):
+    """The compiled layers a blocks model's compared forwards run (runtime/fused.py): after a prefix longer than
+    Gemma's sliding window, each row of a chain or a tree has the logits of feeding its path one token at a time,
+    and those are close to the float32 tensor path's (the norms and activation round in their own fixed order)."""
+    from specdec_cli.runtime import fused
+
+    model = with_blocks(make, monkeypatch, tmp_path)
+    calls, real = [], fused.Fused.forward
+    monkeypatch.setattr(fused.Fused, "forward", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(0)
+    prefix = [int(t) for t in rng.integers(0, 16, 11)]
+    cache = engine.new_cache(model)
+    engine.forward_chain(model, cache, prefix, keep=0)
+    base = cache.length
+    for tokens, parents in [([3, 5, 7, 5, 2], None), ([3, 5, 9, 7, 5, 2], [-1, 0, 0, 2, 3])]:
+        parents = parents or list(range(-1, len(tokens) - 2))
+        got = engine.forward_tree(model, cache, tokens[0], tokens[1:], parents)
+        engine.crop(cache, base)
+        for i in range(len(tokens)):
+            path, node = [], i - 1
+            while node >= 0:
+                path.insert(0, tokens[node + 1])
+                node = parents[node]
+            for t in [tokens[0], *path][:-1]:
+                engine.forward_chain(model, cache, [t])
+            one = engine.forward_chain(model, cache, [[tokens[0], *path][-1]])
+            engine.crop(cache, base)
+            assert torch.equal(one[0], got[i]), (len(tokens), i)
+    rows = engine.forward_chain(model, cache, [3, 5, 7])
+    assert calls, "the compared forwards ran the compiled layers"
+    decoder.disable(model)  # the same weights through transformers' module code
+    want = engine.forward_chain(model, engine.new_cache(model), prefix + [3, 5, 7])
+    assert torch.allclose(rows, want[-3:], atol=1e-4)

@@ -6,11 +6,20 @@ the k-quants ``Q4_K``, ``Q6_K``).
 The blocks of layers the converter did not permute stay a read-only mapping of the GGUF file (no copy): a file
 rewritten in place under a running process changes what it reads.
 
-**The same model, bit for bit.** A block is de-quantized in registers by the float operations of gguf's reference
-(``d * q + m``, ``q * d`` in float32), so every weight equals the float32 one transformers converted from the
-file, and the tiles sum the products in the order of the ``dot`` strategy: a product read from the blocks has the
-bits ``dot`` gives on the float32 weights. Each layer's blocks are checked against its float32 weight when they
+**The same weights, bit for bit.** A block is de-quantized in registers by the float operations of gguf's
+reference (``d * q + m``, ``q * d`` in float32), so every weight equals the float32 one transformers converted from
+the file, and the tiles sum the products in the order of the ``dot`` strategy: a product read from the blocks has
+the bits ``dot`` gives on the float32 weights. Each layer's blocks are checked against its float32 weight when they
 are attached; a layer whose blocks do not give its weight bit for bit keeps the float32 path.
+
+**Compiled layers.** A blocks model's decoding and verification forwards run :mod:`specdec_cli.runtime.fused`'s two
+compiled calls per layer, as a 16-bit model's do: its one-row step was ~45% per-call overhead and small tensor
+operations around 8.8 ms of products (SmolLM2). Their norms, activation and attention round in their own fixed
+order, so a verified row has the bits of a one-row forward (every method lossless against ``ar``), and the output
+equals the float32 tensor path's on most prompts, not by construction (``scripts/dtype_agreement.py --dtypes
+blocks``). A prefill runs the float32 tensor path. The compiled layers run on one thread whatever ``--threads``
+says: at one row that is still faster than the tensor path's products split over two threads (SmolLM2: 10.9 ms
+against ~14 ms a step); a batch (``--batch-size``) keeps the tensor path and its threads.
 
 Why: a decoding step is memory-bound and the float32 copy is 4 bytes a weight; SmolLM2's file stores its linear
 layers in ``Q4_1`` (0.625 bytes a weight) and its tied embedding in ``Q8_0`` (1.06); Gemma-3's its head and

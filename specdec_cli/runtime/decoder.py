@@ -23,7 +23,10 @@ runs the model's own forward, where the products dominate. A batch's step (:func
 (:mod:`specdec_cli.runtime.kernels16`) is the exception, *wide*: it is the float32 model with 16-bit weights, so
 every forward of it, prefills included, runs here with float32 activations, norms, rotary tables, masks and KV cache
 (the embedding rows and norm weights widened exactly; a prefill's products may round their rows to 16 bits where
-the CPU multiplies 16-bit matrices faster: ``kernels16``'s ``native``). The numbers are the module code's: on
+the CPU multiplies 16-bit matrices faster: ``kernels16``'s ``native``). A wide model's compared forwards, and a
+GGUF blocks model's (``--kernels blocks``; one sequence, up to :data:`MAX_ROWS` rows), run the compiled layers of
+:mod:`specdec_cli.runtime.fused`, whose norms and activation round in their own fixed order. Otherwise the numbers
+are the module code's: on
 SmolLM2-135M and Gemma-3-270M the logits are bitwise those of transformers' forward with the same linear kernels
 (1-16 rows; float32, and the bfloat16 and int8 copies); the tests compare logits on tiny models and require greedy
 output identical to transformers' ``generate``.

@@ -1,4 +1,5 @@
-"""A wide 16-bit model's compared forwards (decoding, verification) as two compiled calls per layer.
+"""A wide 16-bit model's compared forwards (decoding, verification) as two compiled calls per layer; a GGUF blocks
+model's too (``--kernels blocks``, :mod:`specdec_cli.runtime.blocks`: its products read the file's blocks).
 
 Why (issue 35, docs/profiling.md): with 16-bit weights a SmolLM2-135M step reads 270 MB, ~9 ms at this CPU's read
 bandwidth, while the ~35 small tensor operations per layer between the matrix products (norms, rotary, reshapes,
