@@ -19,17 +19,15 @@ that was a third of SmolLM2-135M's step (30 thin layers). This forward does per 
 
 Only forwards of at most :data:`MAX_ROWS` query rows of one sequence use it (decoding and verification); a prefill
 runs the model's own forward, where the products dominate. A batch's step (:func:`run_rows`) runs here whatever its
-``rows x width``: its products are many rows, but its per-layer calls are as many as one sequence's. A 16-bit model whose linear layers run the 16-bit kernels
-(:mod:`specdec_cli.runtime.kernels16`) is the exception, *wide*: it is the float32 model with 16-bit weights, so
-every forward of it, prefills included, runs here with float32 activations, norms, rotary tables, masks and KV cache
-(the embedding rows and norm weights widened exactly; a prefill's products may round their rows to 16 bits where
-the CPU multiplies 16-bit matrices faster: ``kernels16``'s ``native``). A wide model's compared forwards, and a
-GGUF blocks model's (``--kernels blocks``; one sequence, up to :data:`MAX_ROWS` rows), run the compiled layers of
-:mod:`specdec_cli.runtime.fused`, whose norms and activation round in their own fixed order. Otherwise the numbers
-are the module code's: on
-SmolLM2-135M and Gemma-3-270M the logits are bitwise those of transformers' forward with the same linear kernels
-(1-16 rows; float32, and the bfloat16 and int8 copies); the tests compare logits on tiny models and require greedy
-output identical to transformers' ``generate``.
+``rows x width``: its products are many rows, but its per-layer calls are as many as one sequence's. A 16-bit model
+(:mod:`specdec_cli.runtime.kernels16`) is the exception, *wide*: the float32 model with 16-bit weights, so every
+forward of it, prefills included, runs here with float32 activations, norms, rotary tables, masks and KV cache (the
+embedding rows and norm weights widened exactly; a prefill's products may round their rows to 16 bits where the CPU
+multiplies 16-bit matrices faster: ``kernels16``'s ``native``). Its compared forwards, and a GGUF blocks model's, run
+:mod:`specdec_cli.runtime.fused`'s compiled layers. Otherwise the numbers are the module code's: on SmolLM2-135M and
+Gemma-3-270M the logits are bitwise those of transformers' forward with the same linear kernels (1-16 rows; float32,
+and the bfloat16 and int8 copies); the tests compare logits on tiny models and require greedy output identical to
+transformers' ``generate``.
 """
 
 from __future__ import annotations
@@ -80,9 +78,7 @@ class Decoder:
         self.stamp = _stamp(model)
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.capacity = 0
-        # compiled layers (runtime.fused): a wide model's, and a GGUF blocks model's (its one-row step is then its
-        # products and ~2 ms, against ~10 ms of per-call overhead and small tensor operations here: SmolLM2 19.1 ->
-        # 10.9 ms, docs/profiling.md, "Compiled layers for the blocks")
+        # compiled layers (runtime.fused): a wide or GGUF blocks model's (SmolLM2's blocks step 19.1 -> 10.9 ms)
         self.fused = fused.fused_for(self, model) if self.wide or blocks.attached(model) else None
 
     def windows_shown_by(self, cache) -> bool:
@@ -120,12 +116,10 @@ class Decoder:
         self._rope_tables(int(positions.max()) + 1)
         # rows whose logits are read: row-invariant attention (runtime.attend), compiled layers where there are
         exact = keep != 0 and real is None and (self.wide or self.fused is not None)
-        if self.wide:
-            x = F.embedding(ids, self.embed.weight).float() * self.embed_scale
-        else:
-            x = self.embed.forward(ids)  # [B, n, hidden]; Gemma's module scales by sqrt(hidden) itself
+        # [B, n, hidden]; Gemma's module scales by sqrt(hidden) itself
+        x = F.embedding(ids, self.embed.weight).float() * self.embed_scale if self.wide else self.embed.forward(ids)
         seen = attend.visible(mask) if exact else mask
-        if exact and self.fused is not None and keep != 0:
+        if exact and self.fused is not None:
             rows = {k: (cos[positions[0]].numpy(), sin[positions[0]].numpy()) for k, (cos, sin) in self.tables.items()}
             logits = self.fused.forward(cache, x, rows, seen, keep)
             return torch.tanh(logits / self.softcap) * self.softcap if self.softcap is not None else logits
