@@ -28,6 +28,7 @@ from .jit import COMPILED, njit
 
 LOG2E = np.float32(1.4426950408889634)  # exp(x) = 2**(x * log2(e))
 LN2_HI, LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 in two parts: exact n * LN2_HI
+# error_model="numpy" below: no zero-division checks (runtime/fused.py); a softmax's sum is at least 1
 UNDERFLOW = np.float32(-87.0)  # exp below this is under float32's smallest normal: taken as 0
 # Cephes' expf polynomial on [-ln2/2, ln2/2] (relative error < 2e-7)
 P0, P1, P2 = np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3)
@@ -60,7 +61,7 @@ def _exp(x):  # pragma: no cover - compiled
     return p * _float_bits(np.int32((np.int32(n) + 127) << 23))
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def _scores(q, k, r, g, h0, groups, cols, m, out):  # pragma: no cover - compiled
     """``out[h0 + i, c] = q[r, h0 + i] . k[g, cols[c]]`` for the ``groups`` query heads of key head ``g``."""
     d = q.shape[2]
@@ -87,7 +88,7 @@ def _scores(q, k, r, g, h0, groups, cols, m, out):  # pragma: no cover - compile
             out[h, c] = s
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def attend(q, k, v, start, stop, visible, scale, out):  # pragma: no cover - compiled
     """``out [n, H, D]`` = attention of ``q [n, H, D]`` over columns ``[start, stop)`` of the layer's buffers
     ``k``, ``v`` ``[KVH, capacity, D]``; ``visible [n, stop - start]`` (bool) says which columns each row sees

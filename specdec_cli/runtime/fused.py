@@ -28,6 +28,9 @@ import torch
 from .jit import COMPILED, njit
 
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # the MLP activations out_step computes
+# error_model="numpy" below: numba's default checks every float division for zero (to raise as Python does), a branch
+# that kept LLVM from vectorising the activation's loop (SmolLM2, 8 rows x 1536: 57 -> 8 us a layer). No division
+# here can be by zero (1 + exp(.), the norms' square roots of eps and more), and every result keeps its bits.
 FMT = {torch.bfloat16: 1, torch.float16: 2}  # tiles' format numbers (runtime/tiles.py: F32 0, BF16 1, FP16 2;
 # GGUF blocks 3-7, runtime/ggml_blocks.py)
 GELU_C, GELU_A = np.float32(0.7978845608028654), np.float32(0.044715)  # sqrt(2 / pi); tanh-GELU's cubic term
@@ -58,7 +61,7 @@ def _dot(fmt, x, w, y, block):  # pragma: no cover - compiled
     dot_tiled(x, w, y, fmt, block >= 2)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def _norm(x, w, eps, gemma, out):  # pragma: no cover - compiled
     """RMSNorm of each row of ``x [n, D]`` into ``out``: Llama ``w * (x * r)``, Gemma ``(x * r) * w`` (``w`` is then
     ``1 + weight``), ``r = 1 / sqrt(mean(x^2) + eps)`` with the sum of squares in dot16's fixed order."""
@@ -76,7 +79,7 @@ def _norm(x, w, eps, gemma, out):  # pragma: no cover - compiled
             out[r, j] = (row[j] * scale) * w[j] if gemma else w[j] * (row[j] * scale)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def _rope(x, cos, sin):  # pragma: no cover - compiled
     """``x [n, heads, hd]`` rotated in place: ``x * cos + roll(x, hd / 2) * sin`` (``sin``'s first half negated)."""
     n, heads, hd = x.shape
@@ -89,7 +92,7 @@ def _rope(x, cos, sin):  # pragma: no cover - compiled
             x[r, h] = tmp
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def qkv_step(x, fmts, wq, wk, wv, blocks, norm_w, eps, gemma, qn_w, kn_w, cos, sin, q, k, v):  # pragma: no cover
     """``q [n, H, hd]``, ``k``, ``v`` ``[n, KVH, hd]`` of one layer for the residual rows ``x [n, D]``."""
     n = x.shape[0]
@@ -108,7 +111,7 @@ def qkv_step(x, fmts, wq, wk, wv, blocks, norm_w, eps, gemma, qn_w, kn_w, cos, s
     _rope(k, cos, sin)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def _act(g, u, kind):  # pragma: no cover - compiled
     """``g = act(g) * u`` in place: SiLU ``g / (1 + exp(-g))`` or tanh-GELU ``g / 2 * (1 + tanh(c (g + a g^3)))``."""
     flat_g, flat_u = g.reshape(-1), u.reshape(-1)
@@ -122,7 +125,7 @@ def _act(g, u, kind):  # pragma: no cover - compiled
         flat_g[i] = y * flat_u[i]
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def out_step(x, q, keys, values, start, stop, visible, scale, fmts, wo, wg, wu, wd, blocks, norms, eps, gemma,
              act):  # pragma: no cover - compiled
     """The rest of one layer on the residual rows ``x [n, D]`` (updated in place): attention of ``q`` over the
@@ -151,7 +154,7 @@ def out_step(x, q, keys, values, start, stop, visible, scale, fmts, wo, wg, wu, 
     x += o
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def head_step(x, norm_w, eps, gemma, fmt, w, block, out):  # pragma: no cover - compiled
     """The final norm and the LM head: ``out [n, V]`` for the residual rows ``x [n, D]``."""
     h = np.empty_like(x)
