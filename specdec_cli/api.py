@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 
 from .runtime import profile
-from .runtime import decoder, kernels
+from .runtime import decoder, hugepages, kernels
 from .runtime.dot import warm_up
 from .runtime.kernels16 import widen_prefills
 from .config import PAPER_BUDGET, BudgetSpec, RunSettings, SamplingConfig, check_placement
@@ -62,6 +62,8 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
     tuned = kernel_mode != "torch"
     warming = warm_up() if tuned else None
     target = load_model(model, dtype, device)
+    if tuned:  # before the drafts copy it and the kernels pack it: the weights in 2 MB pages (runtime/hugepages.py)
+        target.info["hugepages_bytes"] = hugepages.adopt(target.model)
     loaded = [load_draft(d, target, dtype, device) for d in drafts]
     if warming is not None:
         warming.join()
@@ -71,6 +73,7 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
         target.info["kernels"] = kernels.install(target.model, progress=note)
         for draft in loaded:  # a draft model of its own (not a copy of the target) is a float model like it
             if not draft.info.get("copy_of_target"):
+                draft.info["hugepages_bytes"] = hugepages.adopt(draft.model)
                 draft.info["kernels"] = kernels.install(draft.model, progress=note)
         if kernel_mode == "exact":
             for m in (target, *loaded):

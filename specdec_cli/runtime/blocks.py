@@ -34,6 +34,7 @@ import torch
 
 from ..errors import SpecdecError
 
+from . import hugepages
 from .ggml_blocks import GGUF_NAMES, STORED, dequantize
 
 FORMATS = {name: fmt for fmt, name in GGUF_NAMES.items()}  # GGUF tensor type -> tiles format
@@ -92,6 +93,7 @@ def attach(model, gguf_path) -> dict:
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     summary = {"layers": 0, "formats": {}, "block_bytes": 0, "float32_bytes": 0, "mismatched": []}
+    found = []
     try:
         tensors = read_tensors(gguf_path)  # the tensors alone (gguf's reader parses the vocabulary first: ~7 s)
     except (OSError, ValueError, KeyError, IndexError) as err:  # a damaged or truncated file
@@ -112,11 +114,14 @@ def attach(model, gguf_path) -> dict:
         if weight.shape[1] % STORED[fmt] or not same_weights(blocks, fmt, weight):
             summary["mismatched"].append(tensor.name)
             continue
-        setattr(layer, ATTR, (fmt, blocks))
+        found.append((layer, fmt, blocks))
         summary["layers"] += 1
         summary["formats"][tensor.type_name] = summary["formats"].get(tensor.type_name, 0) + 1
         summary["block_bytes"] += blocks.nbytes
         summary["float32_bytes"] += weight.nbytes
+    packed = hugepages.pack([b for _, _, b in found])  # read as the float32 weights are: from 2 MB pages
+    for (layer, fmt, _), b in zip(found, packed):
+        setattr(layer, ATTR, (fmt, b))
     return summary
 
 

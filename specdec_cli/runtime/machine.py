@@ -60,9 +60,11 @@ def openmp_waits() -> str:
 
 
 def setup_key() -> str:
-    """This CPU, torch and its threads, and OpenMP's waits: what a cached measurement (kernel plans, forward-time
-    profiles) holds for."""
+    """This CPU, torch and its threads, OpenMP's waits, and whether weights move into huge pages: what a cached
+    measurement (kernel plans, forward-time profiles) holds for."""
     import torch
 
+    from .hugepages import available
+
     return (f"{cpu_name()}|{os.cpu_count()}|torch {torch.__version__}|threads {torch.get_num_threads()}|"
-            f"{openmp_waits()}")
+            f"{openmp_waits()}|hugepages {available()}")

@@ -75,6 +75,7 @@ def model_key(model, extra: str = "") -> str:
     its layers read (``--kernels blocks``: their rows then cost what de-quantizing costs, not what reading
     float32 costs), and whether its forwards take the lean path (:mod:`specdec_cli.runtime.decoder`)."""
     from .decoder import decoder_for
+    from .hugepages import adopted
     from .jit import LOADED
     from .kernels import FastLinear, machine_key
 
@@ -82,6 +83,8 @@ def model_key(model, extra: str = "") -> str:
     dec = decoder_for(model)
     lean, compiled = dec is not None, dec is not None and dec.fused is not None  # compiled: runtime.fused's layers
     h.update(f"{machine_key()}|{type(model).__name__}|{extra}|lean={lean}|v{PROFILE_VERSION}".encode())
+    if adopted(model):  # its weights in 2 MB pages (runtime/hugepages.py): 16-bit steps a quarter to a third faster
+        h.update(b"|hugepages")
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor):

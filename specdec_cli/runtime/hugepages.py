@@ -1,0 +1,121 @@
+"""Weights in 2 MB pages: a model's large CPU tensors moved into anonymous memory that the kernel backs with
+transparent huge pages (``madvise(MADV_HUGEPAGE)``, Linux).
+
+Why (docs/profiling.md, "Weights in huge pages"): a decoding step streams every weight once, hundreds of megabytes
+in 4 KB pages, so the step also walks a page table for every 4 KB it reads. llama.cpp reads its weights from a
+mapped file, which this machine's page cache keeps in huge pages. Gemma-3's bfloat16 products at one row took 52.5
+ms in 4 KB pages and 34 ms in 2 MB ones (one thread, Intel Xeon VM); the bits are the same, only where they live
+changes.
+
+Where the system offers no transparent huge pages (another OS, ``never`` in
+``/sys/kernel/mm/transparent_hugepage/enabled``), or the copy would leave little memory, nothing moves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PAGE = 2 << 20  # one huge page (x86-64, and arm64 with 4 KB base pages)
+SMALLEST = 0  # every parameter moves, small ones too: one left in a mapped checkpoint keeps the whole mapping resident
+ALIGN = 64  # each tensor's offset in the arena: a cache line
+HEADROOM = 1 << 30  # memory left available after the arena is made, or nothing moves (the old copies may be freed
+# only at the end, when they share one mapped file)
+MADV_HUGEPAGE = 14  # <linux/mman.h>
+ATTR = "_specdec_hugepages"  # set on a model whose weights moved
+SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def available() -> bool:
+    """Whether this system backs madvised anonymous memory with transparent huge pages (``SPECDEC_HUGEPAGES=0``:
+    never use them, for a measurement without)."""
+    if not sys.platform.startswith("linux") or os.environ.get("SPECDEC_HUGEPAGES") == "0":
+        return False
+    try:
+        return "[never]" not in SETTING.read_text()
+    except OSError:
+        return False
+
+
+def _room(nbytes: int) -> bool:
+    """Whether ``nbytes`` more leave :data:`HEADROOM` of the memory the kernel says is available."""
+    try:
+        line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return False
+    return int(line.split()[1]) * 1024 >= nbytes + HEADROOM
+
+
+_LIBC = None
+
+
+def arena(nbytes: int) -> np.ndarray:
+    """``nbytes`` of zeroed anonymous memory (``uint8``), 2 MB-aligned and madvised for huge pages before its first
+    touch, so writing it faults in huge pages. Alive as long as any view of it."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    size = -(-nbytes // PAGE) * PAGE
+    mapping = mmap.mmap(-1, size + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # a page more: to align
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    start = -(-addr // PAGE) * PAGE
+    _LIBC.madvise(start, size, MADV_HUGEPAGE)  # a refusal leaves 4 KB pages: slower, the same bits
+    return np.frombuffer(mapping, np.uint8, nbytes, start - addr)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of ``t``'s bits (bfloat16 as int16: numpy has no bfloat16)."""
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def usable(nbytes: int) -> bool:
+    """Whether ``nbytes`` can move into huge pages here: the system offers them, and leaves :data:`HEADROOM`."""
+    return available() and _room(nbytes)
+
+
+def pack(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """``arrays`` (C-contiguous) copied side by side into one huge-page arena: the same dtypes, shapes and bits
+    (``arrays`` themselves where they cannot move: :func:`usable`)."""
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // ALIGN) * ALIGN
+    if not arrays or not usable(total):
+        return list(arrays)
+    room = arena(total)
+    out = []
+    for a, at in zip(arrays, offsets):
+        dst = room[at: at + a.nbytes].view(a.dtype).reshape(a.shape)
+        dst[...] = a
+        out.append(dst)
+    return out
+
+
+def adopt(model: torch.nn.Module) -> int:
+    """Move ``model``'s CPU parameters of at least :data:`SMALLEST` bytes into one huge-page arena (``param.data``
+    replaced, so tied parameters stay one object). Call it before anything keeps a view of the weights (the kernels'
+    packed copies, a draft made from the target). Returns the bytes moved: 0 where huge pages are unavailable or
+    the copy would not leave :data:`HEADROOM` of memory."""
+    params = [p for p in model.parameters() if p.device.type == "cpu" and p.data.nbytes >= SMALLEST
+              and p.data.is_contiguous() and not p.data.is_quantized]
+    total = sum(p.data.nbytes for p in params)
+    if not params or not usable(total):
+        return 0
+    with torch.no_grad():
+        for p, moved in zip(params, pack([_numpy(p.data) for p in params])):
+            bits = torch.from_numpy(moved)
+            p.data = bits.view(torch.bfloat16) if p.data.dtype == torch.bfloat16 else bits
+    setattr(model, ATTR, True)
+    return total
+
+
+def adopted(model: torch.nn.Module) -> bool:
+    """Whether :func:`adopt` moved ``model``'s weights (its forward-time profile names it: runtime/profile.py)."""
+    return getattr(model, ATTR, False)
