@@ -29,6 +29,10 @@ from .jit import COMPILED, njit
 LOG2E = np.float32(1.4426950408889634)  # exp(x) = 2**(x * log2(e))
 LN2_HI, LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 in two parts: exact n * LN2_HI
 # error_model="numpy" below: no zero-division checks (runtime/fused.py); a softmax's sum is at least 1
+WEIGHTED_LANES = 16  # lanes of its accumulators: one AVX-512 register each (AVX2 splits each in two; every lane
+# its own sum either way)
+WEIGHTED = 64  # floats of a value row that :func:`_weighted` sums per call: 8 accumulators of 8 lanes (AVX2's 16
+# registers hold them, the value vector and the weight); Gemma-3's 256-wide heads take 4 calls
 UNDERFLOW = np.float32(-87.0)  # exp below this is under float32's smallest normal: taken as 0
 # Cephes' expf polynomial on [-ln2/2, ln2/2] (relative error < 2e-7)
 P0, P1, P2 = np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3)
@@ -40,11 +44,47 @@ if COMPILED:  # pragma: no branch
     from numba.extending import intrinsic
 
     from .dot16 import LANES, f32_1, f32_2, f32_4
+    from .tiles import fma_sums
 
     @intrinsic
     def _float_bits(typingctx, bits):
         """The float32 whose bits are the int32 ``bits``."""
         return types.float32(types.int32), lambda ctx, builder, sig, args: builder.bitcast(args[0], ir.FloatType())
+
+    @intrinsic
+    def _weighted(typingctx, p_addr, v_addr, cols_addr, m, d, off, out_addr):
+        """``out[i] = sum_c p[c] * v[cols[c] * d + off + i]`` for ``i < WEIGHTED``, the columns in order, each
+        product rounded, then added (``acc + p * v``, as the scalar loop it replaces): the 64 sums stay in registers
+        across the columns instead of being loaded and stored once per column."""
+        sig = types.void(*[types.intp] * 7)
+        return sig, lambda context, builder, signature, args: _emit_weighted(context, builder, args)
+
+    def _emit_weighted(context, builder, args):
+        p_addr, v_addr, cols_addr, m, d, off, out_addr = args
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        vf = ir.VectorType(f32, WEIGHTED_LANES)
+        pp, vp = builder.inttoptr(p_addr, f32.as_pointer()), builder.inttoptr(v_addr, f32.as_pointer())
+        cp = builder.inttoptr(cols_addr, i64.as_pointer())
+
+        def column(c, accs):
+            p = builder.load(builder.gep(pp, [c]))
+            pv = builder.insert_element(ir.Constant(vf, ir.Undefined), p, ir.Constant(ir.IntType(32), 0))
+            pv = builder.shuffle_vector(pv, pv, ir.Constant(ir.VectorType(ir.IntType(32), WEIGHTED_LANES),
+                                                            [0] * WEIGHTED_LANES))
+            base = builder.add(builder.mul(builder.load(builder.gep(cp, [c])), d), off)
+            new = []
+            for i, acc in enumerate(accs):
+                at = builder.gep(vp, [builder.add(base, ir.Constant(i64, WEIGHTED_LANES * i))])
+                row = builder.load(builder.bitcast(at, vf.as_pointer()), align=4)
+                new.append(builder.fadd(acc, builder.fmul(pv, row)))
+            return new
+
+        finals = fma_sums(builder, m, WEIGHTED // WEIGHTED_LANES, column, WEIGHTED_LANES)
+        op = builder.inttoptr(out_addr, f32.as_pointer())
+        for i, acc in enumerate(finals):
+            builder.store(acc, builder.bitcast(builder.gep(op, [ir.Constant(i64, WEIGHTED_LANES * i)]),
+                                               vf.as_pointer()), align=4)
+        return context.get_dummy_value()
 else:  # pragma: no cover
     LANES = 32
 
@@ -96,7 +136,8 @@ def attend(q, k, v, start, stop, visible, scale, out):  # pragma: no cover - com
     n, heads, d = q.shape
     groups = heads // k.shape[0]
     cols = np.empty(stop - start, np.int64)
-    scores = np.empty((heads, stop - start), np.float32)
+    mcap = stop - start
+    scores = np.empty((heads, mcap), np.float32)
     total = np.empty(heads, np.float32)
     acc = np.empty((heads, d), np.float32)
     for r in range(n):
@@ -119,13 +160,18 @@ def attend(q, k, v, start, stop, visible, scale, out):  # pragma: no cover - com
                 for c in range(m):
                     t = t + scores[h, c]
                 total[h] = t
-                acc[h] = 0.0
-            for c in range(m):  # each value row read once for the heads that share it
-                row = v[g, cols[c]]
-                for h in range(h0, h0 + groups):
-                    p, a = scores[h, c], acc[h]
-                    for j in range(d):
-                        a[j] = a[j] + p * row[j]
+            v_g = v.ctypes.data + g * v.shape[1] * d * 4
+            for h in range(h0, h0 + groups):  # acc[h] = sum over the columns in order of p * value row
+                j = 0
+                while j + WEIGHTED <= d:
+                    _weighted(scores.ctypes.data + h * mcap * 4, v_g, cols.ctypes.data, m, d, j,
+                              acc.ctypes.data + (h * d + j) * 4)
+                    j += WEIGHTED
+                for jj in range(j, d):  # a head width that is not a multiple of WEIGHTED: the rest one by one
+                    a = np.float32(0.0)
+                    for c in range(m):
+                        a = a + scores[h, c] * v[g, cols[c], jj]
+                    acc[h, jj] = a
             for h in range(h0, h0 + groups):
                 for j in range(d):
                     out[r, h, j] = acc[h, j] / total[h]
