@@ -27,7 +27,8 @@ SMALLEST = 0  # every parameter moves, small ones too: one left in a mapped chec
 ALIGN = 64  # each tensor's offset in the arena: a cache line
 HEADROOM = 1 << 30  # memory left available after the arena is made, or nothing moves (the old copies may be freed
 # only at the end, when they share one mapped file)
-MADV_HUGEPAGE = 14  # <linux/mman.h>
+MADV_HUGEPAGE, MADV_PAGEOUT = 14, 21  # <linux/mman.h> (MADV_PAGEOUT: Linux 5.4; older kernels refuse it, harmless)
+PAGE_4K = 4096  # the base page: the page-out covers whole base pages inside an array only
 ATTR = "_specdec_hugepages"  # set on a model whose weights moved
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -89,13 +90,38 @@ def pack(arrays: list[np.ndarray]) -> list[np.ndarray]:
         total += -(-a.nbytes // ALIGN) * ALIGN
     if not arrays or not usable(total):
         return list(arrays)
-    room = arena(total)
+    room, files = arena(total), _file_mappings()
     out = []
     for a, at in zip(arrays, offsets):
         dst = room[at: at + a.nbytes].view(a.dtype).reshape(a.shape)
         dst[...] = a
+        _page_out(a, files)
         out.append(dst)
     return out
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """The address ranges of this process's file-backed mappings (a mapped checkpoint, a GGUF file)."""
+    ranges = []
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((lo, hi))
+    except OSError:
+        pass
+    return ranges
+
+
+def _page_out(a: np.ndarray, files: list[tuple[int, int]]) -> None:
+    """Ask the kernel to drop the pages of ``a``, once copied, from this process's memory where they belong to a
+    mapped file (``MADV_PAGEOUT``: they come back from the file if read again; the contents never change). A
+    checkpoint's mapping lives until its last tensor has moved, so without this loading would peak at the model's
+    size twice. Anonymous memory is freed with its tensor instead (paging it out could write it to swap)."""
+    lo, hi = -(-a.ctypes.data // PAGE_4K) * PAGE_4K, (a.ctypes.data + a.nbytes) // PAGE_4K * PAGE_4K
+    if hi > lo and any(start <= lo and hi <= end for start, end in files):
+        _LIBC.madvise(lo, hi - lo, MADV_PAGEOUT)
 
 
 def adopt(model: torch.nn.Module) -> int:
