@@ -65,6 +65,10 @@ def load(model: str, drafts: list[str] | tuple[str, ...] = (), dtype: str = "aut
     if tuned:  # before the drafts copy it and the kernels pack it: the weights in 2 MB pages (runtime/hugepages.py)
         target.info["hugepages_bytes"] = hugepages.adopt(target.model)
     loaded = [load_draft(d, target, dtype, device) for d in drafts]
+    for draft in loaded:  # an int8:/bf16: copy of the target has fresh tensors, in 4 KB pages
+        if draft.info.get("copy_of_target"):
+            hugepages.forget(draft.model)
+            draft.info.pop("hugepages_bytes", None)
     if warming is not None:
         warming.join()
     if kernel_mode == "blocks":

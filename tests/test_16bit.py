@@ -143,6 +143,33 @@ def test_attention_gives_a_row_what_it_gives_the_row_alone():
         assert torch.allclose(together, sdpa[0].transpose(0, 1), atol=1e-5)
 
 
+@pytest.mark.parametrize("d", [64, 256])  # SmolLM2's heads, Gemma-3's
+def test_attentions_value_sum_is_the_plain_loop_bit_for_bit(d):
+    """attend's ``_weighted`` intrinsic: ``acc = acc + p[c] * v[cols[c]]`` from zero over the columns in order, each
+    product rounded to float32 before the add -- the loop it replaced, in numpy's float32 arithmetic."""
+    from numba import njit
+
+    from specdec_cli.runtime import attend
+
+    rng = np.random.default_rng(d)
+    p = rng.random(37).astype(np.float32)
+    v = rng.standard_normal((80, d)).astype(np.float32)
+    cols = np.sort(rng.choice(80, 37, replace=False)).astype(np.int64)
+
+    @njit
+    def weighted(p, v, cols, out):
+        for off in range(0, v.shape[1], attend.WEIGHTED):
+            attend._weighted(p.ctypes.data, v.ctypes.data, cols.ctypes.data, p.shape[0], v.shape[1], off,
+                             out.ctypes.data + off * 4)
+
+    got = np.empty(d, np.float32)
+    weighted(p, v, cols, got)
+    want = np.zeros(d, np.float32)
+    for c in range(p.shape[0]):
+        want = want + p[c] * v[cols[c]]  # float32 throughout: the product rounded, then the sum
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def wide(make, dtype, monkeypatch, tmp_path, vocab: int = 16, **kw):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     model = make(vocab=vocab, **kw).to(dtype)

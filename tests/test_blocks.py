@@ -215,7 +215,8 @@ def test_a_blocks_models_rows_are_its_one_row_forwards_bit_for_bit(make, monkeyp
     cache = engine.new_cache(model)
     engine.forward_chain(model, cache, prefix, keep=0)
     base = cache.length
-    for tokens, parents in [([3, 5, 7, 5, 2], None), ([3, 5, 9, 7, 5, 2], [-1, 0, 0, 2, 3])]:
+    big = [int(t) for t in rng.integers(0, 16, 70)]  # more than 64 rows: still the compiled layers
+    for tokens, parents in [([3, 5, 7, 5, 2], None), ([3, 5, 9, 7, 5, 2], [-1, 0, 0, 2, 3]), (big, None)]:
         parents = parents or list(range(-1, len(tokens) - 2))
         got = engine.forward_tree(model, cache, tokens[0], tokens[1:], parents)
         engine.crop(cache, base)

@@ -194,6 +194,7 @@ def attention(q: torch.Tensor, layer, past: int, seen, scale: float) -> torch.Te
     """``q [1, n, H, D]`` (contiguous) attending the cache ``layer`` (its new rows written after ``past`` entries)
     -> ``[n, H, D]``; ``seen``: from :func:`visible` (None: every column of the layer's view)."""
     keys, values = layer.buffers()
+    assert keys.is_contiguous() and values.is_contiguous() and values.dtype == torch.float32, "attend's addresses"
     out = torch.empty(q.shape[1:], dtype=torch.float32)
     attend(q[0].numpy(), keys[0].numpy(), values[0].numpy(), layer.visible_start(past), layer.length,
            EVERY_COLUMN if seen is None else seen, np.float32(scale), out.numpy())

@@ -79,7 +79,7 @@ class Decoder:
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.capacity = 0
         # compiled layers (runtime.fused): a wide or GGUF blocks model's (SmolLM2's blocks step 19.1 -> 10.9 ms)
-        self.fused = fused.fused_for(self, model) if self.wide or blocks.attached(model) else None
+        self.fused = fused.fused_for(self, model) if self.wide or (fused.COMPILED and blocks.attached(model)) else None
 
     def windows_shown_by(self, cache) -> bool:
         """Whether each sliding-window layer's cache shows only its window (then one query row needs no mask)."""
@@ -253,9 +253,9 @@ def run_rows(cache, model, ids: torch.Tensor, positions: torch.Tensor, masks, re
 
 
 def takes_every_forward(model) -> bool:
-    """Whether every forward of ``model``, whatever its row count, runs here (a wide 16-bit model)."""
+    """Whether every forward of ``model``, whatever its row count, runs here (a wide or compiled blocks model)."""
     dec = decoder_for(model)
-    return dec is not None and dec.wide
+    return dec is not None and (dec.wide or dec.fused is not None)
 
 
 def disable(model) -> None:

@@ -29,7 +29,7 @@ HEADROOM = 1 << 30  # memory left available after the arena is made, or nothing 
 # only at the end, when they share one mapped file)
 MADV_HUGEPAGE, MADV_PAGEOUT = 14, 21  # <linux/mman.h> (MADV_PAGEOUT: Linux 5.4; older kernels refuse it, harmless)
 CHUNK = 8 << 20  # bytes copied, then paged out, at a time
-PAGE_4K = 4096  # the base page: the page-out covers whole base pages inside an array only
+PAGE_4K = mmap.PAGESIZE  # the base page: the page-out covers whole base pages inside an array only
 ATTR = "_specdec_hugepages"  # set on a model whose weights moved
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -72,9 +72,9 @@ def arena(nbytes: int) -> np.ndarray:
     return np.frombuffer(mapping, np.uint8, nbytes, start - addr)
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of ``t``'s bits (bfloat16 as int16: numpy has no bfloat16)."""
-    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of ``t``'s bytes (any dtype, numpy's or not: bfloat16, float8)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 def usable(nbytes: int) -> bool:
@@ -116,8 +116,11 @@ def _file_mappings() -> list[tuple[int, int]]:
     ranges = []
     try:
         for line in Path("/proc/self/maps").read_text().splitlines():
-            fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith("/"):
+            fields = line.split(None, 5)  # address, perms, offset, device, inode, path
+            path = fields[5] if len(fields) == 6 else ""
+            # a file on disk: not shared memory (/dev/shm, memfd, SysV), which a page-out would push to swap
+            if path.startswith("/") and fields[4] != "0" and not path.startswith(("/dev/", "/memfd:", "/SYSV")) \
+                    and not path.endswith("(deleted)"):
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
                 ranges.append((lo, hi))
     except OSError:
@@ -141,15 +144,15 @@ def adopt(model: torch.nn.Module) -> int:
     packed copies, a draft made from the target). Returns the bytes moved: 0 where huge pages are unavailable or
     the copy would not leave :data:`HEADROOM` of memory."""
     params = [p for p in model.parameters() if p.device.type == "cpu" and p.data.nbytes >= SMALLEST
-              and p.data.is_contiguous() and not p.data.is_quantized]
+              and p.data.is_contiguous() and not p.data.is_quantized and not p.data.is_conj() and not p.data.is_neg()]
     offsets, total = _offsets([p.data.nbytes for p in params])
     if not params or not usable(total):
         return 0
     room, files = arena(total), _file_mappings()
     with torch.no_grad():
         for p, at in zip(params, offsets):  # one at a time: an old tensor of its own is freed as soon as it moved
-            bits = torch.from_numpy(_place(room, at, _numpy(p.data), files))
-            p.data = bits.view(torch.bfloat16) if p.data.dtype == torch.bfloat16 else bits
+            t = p.data
+            p.data = torch.from_numpy(_place(room, at, _bytes(t), files)).view(t.dtype).view(t.shape)
     _trim()
     setattr(model, ATTR, True)
     return sum(p.data.nbytes for p in params)
@@ -161,6 +164,11 @@ def _trim() -> None:
     trim = getattr(_LIBC, "malloc_trim", None)  # glibc only
     if trim is not None:
         trim(0)
+
+
+def forget(model: torch.nn.Module) -> None:
+    """``model`` is a copy of an adopted one (a deep copy's tensors are fresh, in 4 KB pages): not adopted."""
+    model.__dict__.pop(ATTR, None)
 
 
 def adopted(model: torch.nn.Module) -> bool:
