@@ -149,6 +149,7 @@ def adopt(model: torch.nn.Module) -> int:
     if not params or not usable(total):
         return 0
     room, files = arena(total), _file_mappings()
+    _trim()  # first the loader's freed heap (SmolLM2 bf16: ~34 MiB), so the arena does not add to it at the peak
     with torch.no_grad():
         for p, at in zip(params, offsets):  # one at a time: an old tensor of its own is freed as soon as it moved
             t = p.data
@@ -159,9 +160,9 @@ def adopt(model: torch.nn.Module) -> int:
 
 
 def _trim() -> None:
-    """Hand the old weights' freed heap memory back to the system (glibc's ``malloc_trim``: freed chunks inside the
-    heap stay resident otherwise; Gemma-3's bfloat16 load kept ~290 MB of them)."""
-    trim = getattr(_LIBC, "malloc_trim", None)  # glibc only
+    """Hand freed heap memory back to the system (glibc's ``malloc_trim``: freed chunks inside the heap stay
+    resident otherwise)."""
+    trim = getattr(_LIBC, "malloc_trim", None)  # glibc only (arena() loaded the C library)
     if trim is not None:
         trim(0)
 
