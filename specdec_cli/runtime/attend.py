@@ -31,8 +31,8 @@ LN2_HI, LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 in 
 # error_model="numpy" below: no zero-division checks (runtime/fused.py); a softmax's sum is at least 1
 WEIGHTED_LANES = 16  # lanes of its accumulators: one AVX-512 register each (AVX2 splits each in two; every lane
 # its own sum either way)
-WEIGHTED = 64  # floats of a value row that :func:`_weighted` sums per call: 8 accumulators of 8 lanes (AVX2's 16
-# registers hold them, the value vector and the weight); Gemma-3's 256-wide heads take 4 calls
+WEIGHTED = 64  # floats of a value row that :func:`_weighted` sums per call: 4 accumulators of 16 lanes (with the
+# value vector and the weight, 6 of AVX-512's 32 registers; 12 of AVX2's 16); Gemma-3's 256-wide heads take 4 calls
 UNDERFLOW = np.float32(-87.0)  # exp below this is under float32's smallest normal: taken as 0
 # Cephes' expf polynomial on [-ln2/2, ln2/2] (relative error < 2e-7)
 P0, P1, P2 = np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3)

@@ -231,8 +231,8 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
         pos = pos[0].to(dev)
         mask = masks_to(mask, dev, torch.float32 if dec.wide else None)
         mask = causal_full_layers(mask) if prefill else mask
-    # tokens a wide model is fed after a prefix (keep=0, a non-empty cache) run as rows that are read (one is), so
-    # their keys and values are bit for bit those of the same tokens verified or decoded one by one
+    # tokens a wide or compiled blocks model is fed after a prefix (keep=0, a non-empty cache) run as rows that are
+    # read (one is), so their keys and values are bit for bit those of the same tokens verified or decoded one by one
     fed = (dec.wide or dec.fused is not None) and keep == 0 and not prefill
     with kernels.active(), any_order(prefill):
         logits = dec.forward(cache, ids, pos, mask, 1 if fed else keep)

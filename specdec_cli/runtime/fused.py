@@ -206,8 +206,8 @@ def stored_weight(linear) -> tuple[np.ndarray, int]:
 
 
 def fused_for(dec, model):
-    """The compiled per-layer path of a wide decoder, or None where it does not apply (other activations, norms
-    with different epsilons, linear layers with biases)."""
+    """The compiled per-layer path of a wide or GGUF blocks decoder, or None where it does not apply (other
+    activations, norms with different epsilons, linear layers with biases)."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     act = getattr(cfg, "hidden_act", None) if dec.kind == "llama" else getattr(cfg, "hidden_activation", None)
     eps = {e for layer in dec.layers for _, e in layer.norms} | {dec.final_norm[1]}
