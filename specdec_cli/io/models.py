@@ -194,7 +194,22 @@ def load_text(spec: str) -> LoadedText:
     return LoadedText(tok, spec, chat, context, frozenset(int(i) for i in stop), {"source": source})
 
 
+def _without_gpu_compiler() -> None:
+    """Import ``torch._dynamo`` (transformers' model classes do) with Triton hidden when no CUDA device is here:
+    Triton compiles GPU kernels only, and on a CPU run its mapped library is 65-70 MiB of dead peak RSS
+    (docs/weights16.md, "Peak memory"). Torch caches "no Triton"; a later ``import triton`` (vLLM's) still works."""
+    import sys
+    if "torch._dynamo" in sys.modules or "triton" in sys.modules or torch.cuda.is_available():
+        return
+    sys.modules["triton"] = None  # type: ignore[assignment]  - makes `import triton` raise ImportError
+    try:
+        importlib.import_module("torch._dynamo")
+    finally:
+        del sys.modules["triton"]
+
+
 def _pretrained(source: str, torch_dtype, dmap):
+    _without_gpu_compiler()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(source)
