@@ -197,7 +197,8 @@ def load_text(spec: str) -> LoadedText:
 def _without_gpu_compiler() -> None:
     """Import ``torch._dynamo`` (transformers' model classes do) with Triton hidden when no CUDA device is here:
     Triton compiles GPU kernels only, and on a CPU run its mapped library is 65-70 MiB of dead peak RSS
-    (docs/weights16.md, "Peak memory"). Torch caches "no Triton"; a later ``import triton`` (vLLM's) still works."""
+    (docs/benchmarks.md, "16-bit weights against llama.cpp"). Torch caches "no Triton"; a later ``import triton``
+    (vLLM's) still works."""
     import sys
     if "torch._dynamo" in sys.modules or "triton" in sys.modules or torch.cuda.is_available():
         return
