@@ -76,20 +76,20 @@ def test_the_arena_is_madvised_for_huge_pages():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device Triton is wanted")
 def test_a_cpu_load_leaves_the_gpu_compiler_unloaded_and_importable():
-    """Triton (a GPU kernel compiler, 65-70 MiB of mapped library) is not loaded by a CPU-only model load, torch
-    remembers it as absent, and a later ``import triton`` (vLLM's) still works where it is installed."""
+    """A CPU load of the shipped model (the GGUF's conversion included, when it runs first) does not map Triton (a
+    GPU kernel compiler, 65-70 MiB of library), torch remembers it as absent, and a later ``import triton``
+    (vLLM's) still works where it is installed."""
     import subprocess
     import sys
 
     code = ("import sys, importlib.util\n"
             "from specdec_cli.io import models\n"
-            "models._without_gpu_compiler()\n"
-            "import transformers.masking_utils\n"
-            "assert 'triton' not in sys.modules, 'triton loaded'\n"
+            "loaded = models.load_model('smollm2-135m', 'float32', 'cpu')\n"
+            "assert 'torch._dynamo' in sys.modules and 'triton' not in sys.modules, 'triton loaded'\n"
             "from torch.utils._triton import has_triton_package\n"
             "assert not has_triton_package()\n"
             "if importlib.util.find_spec('triton') is not None:\n"
             "    import triton\n"
             "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

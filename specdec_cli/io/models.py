@@ -145,6 +145,8 @@ def find_source(spec: str, stored: str | None = None) -> tuple[str, Alias | None
 def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     torch_dtype = resolve_dtype(dtype, device)
     dmap = device_map(device)
+    if dmap == "cpu":  # before a GGUF's first conversion too: it imports the model classes
+        _without_gpu_compiler()
     name = str(torch_dtype).replace("torch.", "")
     # a 16-bit CPU target reads a 16-bit copy of a GGUF's conversion (io.gguf)
     source, alias = find_source(spec, name if name in gguf_file.STORED and dmap == "cpu" else None)
@@ -195,22 +197,23 @@ def load_text(spec: str) -> LoadedText:
 
 
 def _without_gpu_compiler() -> None:
-    """Import ``torch._dynamo`` (transformers' model classes do) with Triton hidden when no CUDA device is here:
-    Triton compiles GPU kernels only, and on a CPU run its mapped library is 65-70 MiB of dead peak RSS
-    (docs/benchmarks.md, "16-bit weights against llama.cpp"). Torch caches "no Triton"; a later ``import triton``
-    (vLLM's) still works."""
+    """Import ``torch._dynamo`` (transformers' model classes do) with Triton hidden when no GPU is here: Triton
+    compiles GPU kernels only, and on a CPU run its mapped library is 65-70 MiB of dead peak RSS (docs/profiling.md,
+    "Peak memory"). Torch caches "no Triton"; a later ``import triton`` (vLLM's) still works."""
     import sys
-    if "torch._dynamo" in sys.modules or "triton" in sys.modules or torch.cuda.is_available():
+    xpu = getattr(torch, "xpu", None)
+    if ("torch._dynamo" in sys.modules or "triton" in sys.modules or torch.cuda.is_available()
+            or (xpu is not None and xpu.is_available())):
         return
     sys.modules["triton"] = None  # type: ignore[assignment]  - makes `import triton` raise ImportError
     try:
         importlib.import_module("torch._dynamo")
     finally:
-        del sys.modules["triton"]
+        if sys.modules.get("triton", 0) is None:
+            del sys.modules["triton"]
 
 
 def _pretrained(source: str, torch_dtype, dmap):
-    _without_gpu_compiler()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(source)
