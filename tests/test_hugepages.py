@@ -1,5 +1,5 @@
 """Weights in 2 MB pages (runtime/hugepages.py): the same bits, tied weights still one tensor, nothing moved where
-the system or the memory says no."""
+the system or the memory says no. And a CPU load's other memory: no GPU compiler mapped (io/models.py)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import sys
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -200,7 +201,6 @@ def _without_gpu_compiler() -> None:
     """Import ``torch._dynamo`` (transformers' model classes do) with Triton hidden when no GPU is here: Triton
     compiles GPU kernels only, and on a CPU run its mapped library is 65-70 MiB of dead peak RSS (docs/profiling.md,
     "Peak memory"). Torch caches "no Triton"; a later ``import triton`` (vLLM's) still works."""
-    import sys
     xpu = getattr(torch, "xpu", None)
     if ("torch._dynamo" in sys.modules or "triton" in sys.modules or torch.cuda.is_available()
             or (xpu is not None and xpu.is_available())):

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 PAGE = 2 << 20  # one huge page (x86-64, and arm64 with 4 KB base pages)
-SMALLEST = 0  # every parameter moves, small ones too (none then keeps a mapped checkpoint alive)
 ALIGN = 64  # each tensor's offset in the arena: a cache line
 HEADROOM = 1 << 30  # memory left available after the arena is made, or nothing moves (the old copies may be freed
 # only at the end, when they share one mapped file)
@@ -139,12 +138,12 @@ def _page_out(a: np.ndarray, files: list[tuple[int, int]]) -> None:
 
 
 def adopt(model: torch.nn.Module) -> int:
-    """Move ``model``'s CPU parameters of at least :data:`SMALLEST` bytes into one huge-page arena (``param.data``
-    replaced, so tied parameters stay one object). Call it before anything keeps a view of the weights (the kernels'
-    packed copies, a draft made from the target). Returns the bytes moved: 0 where huge pages are unavailable or
-    the copy would not leave :data:`HEADROOM` of memory."""
-    params = [p for p in model.parameters() if p.device.type == "cpu" and p.data.nbytes >= SMALLEST
-              and p.data.is_contiguous() and not p.data.is_quantized and not p.data.is_conj() and not p.data.is_neg()]
+    """Move all of ``model``'s CPU parameters, small ones too (none then keeps a mapped checkpoint alive), into one
+    huge-page arena (``param.data`` replaced, so tied parameters stay one object). Call it before anything keeps a
+    view of the weights (the kernels' packed copies, a draft made from the target). Returns the bytes moved: 0 where
+    huge pages are unavailable or the copy would not leave :data:`HEADROOM` of memory."""
+    params = [p for p in model.parameters() if p.device.type == "cpu" and p.data.is_contiguous()
+              and not p.data.is_quantized and not p.data.is_conj() and not p.data.is_neg()]
     offsets, total = _offsets([p.data.nbytes for p in params])
     if not params or not usable(total):
         return 0
