@@ -654,3 +654,28 @@ def test_a_broken_conversion_in_the_cache_is_converted_again(tmp_path, monkeypat
     assert proc.returncode == 0, err
     assert f"the converted model in {out} cannot be loaded" in err and proc.stdout.strip()
     assert gguf.complete(out) and "files" in json.loads((out / gguf.MARKER).read_text())
+
+
+def test_warm_ups_teach_the_timed_runs_nothing(smollm2, monkeypatch):
+    """The warm-up decodes the first timed prompt's first tokens: auto's memory would hand them back to the timed
+    run. bench restores each method's learnt state after it; throughput mode warms with drafters of its own."""
+    from specdec_cli import api
+    from specdec_cli.bench import BenchConfig, runners, throughput
+
+    target, ids = smollm2, [[1, 2, 3, 4], [5, 6, 7]]
+    cfg = BenchConfig(methods=["auto"], settings=RunSettings(12, budget="paper"))
+    runner = runners.make_runner("auto", target, [], cfg)
+    before = runner.state()
+    monkeypatch.setattr(runners, "encode_turn", lambda *a: ids[0])
+    runners.warm_up(target, [None], {"auto": runner}, 12)
+    assert runner.state() == before
+    runner(ids[0], 4)
+    assert runner.state() != before  # what it restored is what a generation changes
+
+    groups = []
+    run_batch = api.run_batch
+    monkeypatch.setattr(api, "run_batch", lambda t, ids, drafters, *a, **k: groups.append(drafters)
+                        or run_batch(t, ids, drafters, *a, **k))
+    throughput.timed_ours("auto", target, [], ids, 2, cfg, None, {})
+    warm, timed = groups
+    assert warm is not timed and warm.slots[0] is not timed.slots[0]
