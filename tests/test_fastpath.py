@@ -219,8 +219,9 @@ def test_a_warmed_compiled_cache_is_the_one_generations_get(monkeypatch):
 def test_a_draft_model_warms_its_own_compiled_cache_when_it_follows_the_target(monkeypatch):
     """On an H200, compiled `auto` with a bf16: draft spent 4.0 s in the 4 draft steps of its second prompt, where
     it first called larger buckets of its own cache (bench had compiled them in a temporary one). A draft model now
-    calls every bucket of its own cache when it first follows the target onto the compiled path (in the untimed
-    warm-up generation), and the generations after that decode in that very cache; eager paths warm nothing."""
+    calls, in its own cache, the buckets bench compiled for its model when it first follows the target onto the
+    compiled path (bench's untimed warm-up generation); the generations after that decode in that very cache.
+    Nothing where none were compiled (`specdec generate`: they compile on first use), nor on eager paths."""
     from types import SimpleNamespace
 
     from specdec_cli.drafting.draft_model import DraftModel
@@ -230,13 +231,16 @@ def test_a_draft_model_warms_its_own_compiled_cache_when_it_follows_the_target(m
                         lambda self, root, draft, parents: calls.append((self, 1 + len(draft))))
     target, model = tiny_llama(vocab=16), tiny_llama(vocab=16, seed=1)
     dm = DraftModel(SimpleNamespace(model=model, info={}), 16)
-    for mode in (CacheMode.EAGER, CacheMode.STATIC):
+    for mode in (CacheMode.EAGER, CacheMode.STATIC, CacheMode.COMPILED):
         dm.use_target_cache(engine.new_cache(target, 64, mode))
-        assert calls == []
+        assert calls == []  # nothing compiled for this model yet
+    fastpath.warm(model, CacheMode.COMPILED, 64, slot="warm-up", keep=False, sizes=(1, 4))  # bench's warm-up
+    calls.clear()
+    dm = DraftModel(SimpleNamespace(model=model, info={}), 16)
     dm.use_target_cache(engine.new_cache(target, 64, CacheMode.COMPILED))
     own = {c for c, _ in calls}
-    assert len(own) == 1 and sorted(size for _, size in calls) == sorted(list(fastpath.BUCKETS) * fastpath.WARM_CALLS)
+    assert len(own) == 1 and sorted(size for _, size in calls) == [1] * fastpath.WARM_CALLS + [4] * fastpath.WARM_CALLS
     dm.prefill([1, 2, 3])
     assert dm.cache is next(iter(own)) and dm.cache.model is model and dm.cache.warmed
     dm.use_target_cache(engine.new_cache(target, 64, CacheMode.COMPILED))  # the next generation: warmed once
-    assert len(calls) == len(fastpath.BUCKETS) * fastpath.WARM_CALLS
+    assert len(calls) == 2 * fastpath.WARM_CALLS

@@ -137,14 +137,13 @@ def timed_ours(method: str, target, drafts, ids, size: int, cfg, reference, open
     from .runners import datastore_for
 
     settings = replace(cfg.settings, batch_size=size)
-    def drafters_now():
-        return api.make_drafters(method, target, drafts, settings, check=False, compile=cfg.compile,
+    drafters = api.make_drafters(method, target, drafts, settings, check=False, compile=cfg.compile,
                                  datastore=datastore_for(method, cfg.datastore), options=cfg.options, opened=opened)
-
-    # warm-up (+ batch timing) with drafters of its own: the timed ones must not remember the warm-up's answers,
-    # the first 8 tokens of every timed row (auto's memory would hand them back)
-    api.run_batch(target, ids[:size], drafters_now(), settings, max_new_tokens=WARMUP_TOKENS)
-    drafters = drafters_now()
+    learnt = [(slot.budget.state(), slot.state()) for slot in drafters]
+    api.run_batch(target, ids[:size], drafters, settings, max_new_tokens=WARMUP_TOKENS)  # warm-up (+ timing)
+    for slot, (budget, state) in zip(drafters, learnt):  # forget what it taught: its answers are the first 8
+        slot.budget.load_state(budget)  # tokens of every timed row, which auto's memory would hand back
+        slot.load_state(state)
     steps = []
     reset_peak()
     t0 = time.perf_counter()

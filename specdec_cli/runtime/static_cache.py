@@ -10,16 +10,13 @@ running them. The cure (gpt-fast) is to make every step's shapes static and repl
   simply never visible again. Sliding-window layers (Gemma-3) keep every row too: the window is in the mask.
 * :class:`StaticCache` -- the layers plus the forward: a step's query (the root and its draft nodes) is padded to
   the next bucket size (1, 2, 4, ... 128); the padded rows see only the prefix and themselves and their logits
-  are dropped. Token ids, positions, the ancestor matrix and the prefix length reach the device in one copy of
-  one per-bucket buffer, and the masks are built from them inside the forward, so with ``compiled`` a step is
-  that copy, one add and the replay of the bucket's captured graph (``torch.compile``,
-  ``mode="reduce-overhead"`` on CUDA: CUDA graphs, whose memory is reserved once, at capture).
-* The prefill runs eager, in chunks (its length varies; its cost is one pass).
+  are dropped. Ids, positions, the ancestor matrix and the prefix length reach the device in one copy of one
+  per-bucket buffer and the masks are built inside the forward, so a compiled step is that copy, one add and the
+  replay of the bucket's CUDA graph (``mode="reduce-overhead"``). The prefill runs eager, in chunks.
 
-:class:`StaticCache` is one of the two one-sequence implementations of the engine's cache interface
-(:class:`specdec_cli.runtime.cache.KVCache`); :mod:`specdec_cli.runtime.forward` calls it as it calls the growing
-cache, so every method runs on it and stays lossless. Row moves and copies are shared with the growing cache
-(``kvcache.RowsLayer``), and so is the mask (:func:`specdec_cli.runtime.masks.tree_mask`).
+It implements the engine's one-sequence cache interface (:class:`specdec_cli.runtime.cache.KVCache`) beside the
+growing cache, sharing its row moves (``kvcache.RowsLayer``) and mask (:func:`specdec_cli.runtime.masks.tree_mask`):
+:mod:`specdec_cli.runtime.forward` calls both alike, so every method runs on it and stays lossless.
 """
 
 from __future__ import annotations
@@ -143,8 +140,7 @@ class StaticCache(KVCache):
 
     def _forward(self, packed: torch.Tensor) -> torch.Tensor:
         """One bucketed forward from one small tensor: ids, positions, the ancestor matrix and the prefix length
-        (see :meth:`_step`). The masks are built here, inside the compiled region, so a step is one copy to the
-        device, one add and one graph replay."""
+        (:meth:`_step`). The masks are built here, inside the compiled region."""
         size = self.size_of[packed.shape[0]]
         ids, pos = packed[:size].unsqueeze(0), packed[size: 2 * size]
         anc = packed[2 * size: 2 * size + size * size].view(size, size) != 0
@@ -246,13 +242,18 @@ def _compile(fn):
 _POOL: dict[tuple[int, str], StaticCache] = {}
 
 
+def capacity_for(needed: int) -> int:
+    capacity = MIN_CAPACITY
+    while capacity < needed + HEADROOM:
+        capacity *= 2
+    return capacity
+
+
 def cache_for(model, needed: int, mode: CacheMode = CacheMode.STATIC, slot: str = "target") -> StaticCache:
     """The model's static cache, emptied, with room for ``needed`` rows plus the largest bucket. One cache per
     model and ``slot`` (the target's, a draft's) is kept with its compiled graphs and reused while it is large
     enough and of the same mode."""
-    capacity = MIN_CAPACITY
-    while capacity < needed + HEADROOM:
-        capacity *= 2
+    capacity = capacity_for(needed)
     cache = _POOL.get((id(model), slot))
     if cache is None or cache.model is not model or cache.capacity < capacity or cache.mode is not mode:
         cache = StaticCache(model, capacity, mode)
@@ -268,10 +269,9 @@ def warm(model, mode: CacheMode, needed: int = 0, *, slot: str = "target", keep:
     ``needed`` rows gets (:func:`cache_for`), before anything is timed: otherwise a bucket compiles the first time a
     draft needs it, inside a timed generation (on an H200 the first HumanEval prompt of compiled ``auto`` took 13.5 s
     against 0.3-0.4 s for the next ones). ``calls`` per bucket: the first compiles, under reduce-overhead the second
-    warms up and the third records. Once per cache (a cache of another capacity has other shapes: its own graphs);
-    graphs are shared by every cache of the same shapes, so ``keep=False`` warms a temporary cache in ``slot`` and
-    drops it (a draft model's own cache, in a slot of its drafter's, then only records its CUDA graphs). Returns
-    the seconds spent."""
+    warms up and the third records. Once per cache (another capacity has other shapes); graphs are shared by every
+    cache of the same shapes, so ``keep=False`` warms a temporary cache and drops it (a draft model's own cache then
+    records them: :func:`warm_compiled`). Returns the seconds spent."""
     if not mode.compiled:
         return 0.0
     cache = cache_for(model, needed, mode, slot)
@@ -286,6 +286,15 @@ def warm(model, mode: CacheMode, needed: int = 0, *, slot: str = "target", keep:
             cache.crop_to(0)
     cache.reset()
     cache.warmed = True
+    compiled = model.__dict__.setdefault("_specdec_compiled", {})  # kept on the model: an id could be reused
+    compiled.setdefault(cache.capacity, set()).update(sizes)
     if not keep:
         _POOL.pop((id(model), slot), None)
     return time.perf_counter() - t0
+
+
+def warm_compiled(model, mode: CacheMode, needed: int, slot: str) -> float:
+    """Warm ``slot``'s cache in the buckets :func:`warm` compiled for this model and capacity in another cache
+    (bench's warm-up); none (``specdec generate``): nothing, they compile on first use."""
+    sizes = model.__dict__.get("_specdec_compiled", {}).get(capacity_for(needed))
+    return warm(model, mode, needed, slot=slot, sizes=tuple(sorted(sizes))) if sizes else 0.0
