@@ -671,6 +671,11 @@ def test_warm_ups_teach_the_timed_runs_nothing(smollm2, monkeypatch):
     assert runner.state() == before
     runner(ids[0], 4)
     assert runner.state() != before  # what it restored is what a generation changes
+    order = []  # a vLLM runner: its proposer's state lives in vLLM's processes, marked and returned to there
+    vllm = lambda ids, n: order.append("run")
+    vllm.before_warmup, vllm.after_warmup = lambda: order.append("mark"), lambda: order.append("back")
+    runners.warm_up(target, [None], {"vllm-auto": vllm}, 12)
+    assert order == ["mark", "run", "back"]
 
     seen = []
     run_batch = api.run_batch

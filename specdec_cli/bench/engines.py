@@ -56,8 +56,8 @@ def proposer_delta(engine) -> dict | None:
 
 
 def vllm_runner(label: str, name: str, target, cfg, engine) -> Runner:
-    """A latency-mode runner: one prompt at a time on a started engine (its prefix cache reset after the
-    warm-up, so no timed prompt finds its prefill done)."""
+    """A latency-mode runner: one prompt at a time on a started engine (after the warm-up its prefix cache is
+    reset, so no timed prompt finds its prefill done, and auto's proposer forgets what the warm-up taught it)."""
 
     def run(ids: list[int], max_new_tokens: int) -> Generation:
         proposer_delta(engine)
@@ -71,7 +71,8 @@ def vllm_runner(label: str, name: str, target, cfg, engine) -> Runner:
     run.state = lambda: None  # vLLM's state lives in its processes: a resumed run starts them afresh
     run.load_state = lambda state: None
     run.engine = engine
-    run.after_warmup = engine.reset_prefix_cache
+    run.before_warmup = engine.mark
+    run.after_warmup = lambda: (engine.mark(back=True), engine.reset_prefix_cache())  # nothing learnt, nothing cached
     return run
 
 

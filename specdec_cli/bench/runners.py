@@ -123,6 +123,8 @@ def warm_up(target, prompts: list[Prompt], runners: dict[str, Runner], max_new_t
     ids = encode_turn(target, prompts[0], 0, [], max_new_tokens)  # checked against the run's -n, not the warm-up's
     for runner in runners.values():
         learnt = runner.state() if hasattr(runner, "state") else None
+        if hasattr(runner, "before_warmup"):  # vLLM: its state lives in its processes
+            runner.before_warmup()
         runner(ids, n)
         if learnt is not None:  # the warm-up warms code and caches, not what the method learns: its 8 tokens are
             runner.load_state(learnt)  # the first timed answer's own start, which auto's memory would hand back

@@ -168,7 +168,9 @@ def timed_vllm(label: str, engine, ids, size, cfg, reference) -> dict:
     Peak memory is vLLM's processes' resident memory after the run (they are not this process)."""
     from .engines import proposer_delta, vllm_rss_mib
 
+    engine.mark()
     engine.generate(ids[:size], WARMUP_TOKENS, cfg.settings.sampling, batch=size)
+    engine.mark(back=True)  # auto's proposer forgets the warm-up: its answers start every timed row
     engine.reset_prefix_cache()
     proposer_delta(engine)
     t0 = time.perf_counter()

@@ -14,6 +14,7 @@ drafts (greedy: identical to plain decoding; sampling: its rejection sampler wit
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -82,6 +83,23 @@ class SpecdecProposer:
     def stats(self, reset: bool = False) -> dict:
         return self.drafter.stats(reset)
 
+    def mark(self) -> None:
+        """bench's warm-up begins: what the drafter knows now is what the timed run must start from."""
+        d = self.drafter
+        self._mark = (copy.deepcopy((d.calibration, d.cost, d.gates)), d.memory.state() if d.memory else None)
+
+    def back_to_mark(self) -> None:
+        """bench's warm-up ended: forget what it taught. Its answers are the first tokens of timed prompts, which
+        the memory would hand back."""
+        d = self.drafter
+        for seq in list(self.rows.live):
+            d.seqs.pop(seq, None)
+        self.rows.live.clear()
+        (d.calibration, d.cost, d.gates), memory = self._mark
+        d.pending = {}
+        if memory is not None:
+            d.memory.load_state(memory)  # in place: its source holds it
+
     def finish(self, save: bool = True) -> None:
         """Every live sequence joins the memory, which is saved to its folder (``--memory``) when ``save``."""
         for seq in list(self.rows.live):
@@ -102,6 +120,13 @@ class SpecdecWorkerExtension:
     def specdec_stats(self, reset: bool = False) -> dict | None:
         proposer = self._specdec_proposer()
         return proposer.stats(reset) if proposer is not None else None
+
+    def specdec_mark(self, back: bool = False) -> bool:
+        """``back=False``: :meth:`SpecdecProposer.mark`; ``back=True``: :meth:`SpecdecProposer.back_to_mark`."""
+        proposer = self._specdec_proposer()
+        if proposer is not None:
+            proposer.back_to_mark() if back else proposer.mark()
+        return proposer is not None
 
     def specdec_finish(self) -> bool:
         """Every rank drafts the same chains from the same tokens; the first alone saves the memory."""

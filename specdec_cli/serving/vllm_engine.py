@@ -262,6 +262,11 @@ class VllmEngine:
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
+    def mark(self, back: bool = False) -> None:
+        """auto: before a warm-up, remember what the proposer knows; after it (``back``), return to that."""
+        if self.llm is not None and self.method == "auto":
+            self.llm.collective_rpc("specdec_mark", kwargs={"back": back})
+
     def close(self) -> None:
         if self.llm is None:
             return
