@@ -8,6 +8,7 @@ from dataclasses import replace
 from .. import api
 from ..errors import SpecdecError
 from ..methods import check_options
+from ..engine.drafters import Drafters
 from ..engine.loop import cut_at_stop  # noqa: F401 - throughput imports it from here
 from ..io.prompts import Prompt, load_prompts
 from ..runtime import static_cache
@@ -56,12 +57,8 @@ def specdec_runner(method: str, target, drafts, cfg: BenchConfig, opened: dict |
                           accepted=sum(s.accepted for s in steps), draft_s=sum(s.draft_s for s in steps),
                           sources=result.extra.get("sources"), prefill_s=result.prefill_s)
 
-    def load_state(state: dict) -> None:
-        drafter.budget.load_state(state["budget"])
-        drafter.load_state(state["drafter"])
-
-    run.state = lambda: {"budget": drafter.budget.state(), "drafter": drafter.state()}
-    run.load_state = load_state
+    run.state = lambda: Drafters.of(drafter).state()[0]
+    run.load_state = lambda state: Drafters.of(drafter).load_state([state])
     run.drafter = drafter  # finished after the last prompt (auto saves its --memory then)
     return run
 

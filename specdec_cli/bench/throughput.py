@@ -139,11 +139,10 @@ def timed_ours(method: str, target, drafts, ids, size: int, cfg, reference, open
     settings = replace(cfg.settings, batch_size=size)
     drafters = api.make_drafters(method, target, drafts, settings, check=False, compile=cfg.compile,
                                  datastore=datastore_for(method, cfg.datastore), options=cfg.options, opened=opened)
-    learnt = [(slot.budget.state(), slot.state()) for slot in drafters]
+    learnt = drafters.state()
     api.run_batch(target, ids[:size], drafters, settings, max_new_tokens=WARMUP_TOKENS)  # warm-up (+ timing)
-    for slot, (budget, state) in zip(drafters, learnt):  # forget what it taught: its answers are the first 8
-        slot.budget.load_state(budget)  # tokens of every timed row, which auto's memory would hand back
-        slot.load_state(state)
+    drafters.load_state(learnt)  # forget what it taught: its answers are the first 8 tokens of every timed row,
+    # which auto's memory would hand back
     steps = []
     reset_peak()
     t0 = time.perf_counter()

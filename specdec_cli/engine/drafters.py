@@ -69,6 +69,17 @@ class Drafters:
         self.live.clear()
         self.idle = self.slots[:max(1, min(rows, len(self.slots)))]
 
+    def state(self) -> list[dict]:
+        """What each slot learnt, its budget's calibration included, as JSON data (``bench`` checkpoints it after
+        each unit, and restores it after its warm-up)."""
+        return [{"budget": slot.budget.state(), "drafter": slot.state()} for slot in self.slots]
+
+    def load_state(self, state: list[dict]) -> None:
+        """Continue from :meth:`state`'s answer, slot by slot."""
+        for slot, learnt in zip(self.slots, state, strict=True):
+            slot.budget.load_state(learnt["budget"])
+            slot.load_state(learnt["drafter"])
+
     def finish(self) -> None:
         """After the last run: every slot's ``finish``, the first last (it saves the run-wide parts it owns, auto's
         ``--memory``, after the others have added to them)."""

@@ -91,10 +91,8 @@ class SpecdecProposer:
     def back_to_mark(self) -> None:
         """bench's warm-up ended: forget what it taught. Its answers are the first tokens of timed prompts, which
         the memory would hand back."""
+        self.finish(save=False)  # the warm-up's sequences end; what they add to the memory is undone below
         d = self.drafter
-        for seq in list(self.rows.live):
-            d.seqs.pop(seq, None)
-        self.rows.live.clear()
         (d.calibration, d.cost, d.gates), memory = self._mark
         d.pending = {}
         if memory is not None:
