@@ -5,7 +5,11 @@ modelled speedup over `ar`: the machine's measured forward times t(n) of every s
 
     PYTHONPATH=. python scripts/replay_bench.py docs/results/ar-outputs/ar-smollm2-135m-wide.json.gz \
         [--profile docs/results/ar-outputs/profile-quiet-smollm2-135m.json] [--methods auto,pld,ngram-trie]
+        [--price docs/results/ar-outputs/profile-xeon-points16-smollm2-135m.json]
         [--opt key=value ...] [--by-category] [--json]
+
+``--profile`` is what the budgets decide with; ``--price`` (default: the same) what each step is then charged: a
+budget deciding with an older profile than the machine's real curve (docs/profiling.md, "Where t(n) jumps").
 
 Like bench: one drafter per method for the whole set (what it learns carries over), a warm-up of 8 tokens on
 the first prompt first. The modelled time leaves out the per-step bookkeeping and the prefill, so the modelled
@@ -37,9 +41,11 @@ def load_outputs(path: str) -> dict:
         return json.load(fh)
 
 
-def run_method(data: dict, method: str, options: dict, clock: str, times: dict | None = None) -> list[dict]:
+def run_method(data: dict, method: str, options: dict, clock: str, times: dict | None = None,
+               price: dict | None = None) -> list[dict]:
     times = times or data["profile"]
     profile = Profile(times["points"], times["seconds"])
+    charge = Profile(price["points"], price["seconds"]) if price else profile
     stop = frozenset(data["stop_ids"])
     drafter = make_drafter(method, profile, data["vocab_size"], options if method == "auto" else {}, stop)
     rows = data["rows"]
@@ -47,8 +53,9 @@ def run_method(data: dict, method: str, options: dict, clock: str, times: dict |
     out = []
     for row in rows:
         res = replay(drafter, row["prompt"], row["output"], data["max_new_tokens"], stop, clock)
+        seconds = res.seconds if not price else sum(charge(n + 1) for _, n, _ in res.steps) + res.draft_s
         out.append({"id": row["id"], "category": row["category"], "turn": row["turn"], "new_tokens": res.new_tokens,
-                    "seconds": res.seconds, "forwards": res.forwards, "emitted": res.emitted,
+                    "seconds": seconds, "forwards": res.forwards, "emitted": res.emitted,
                     "drafted": res.drafted, "accepted": res.accepted, "sources": res.sources})
     return out
 
@@ -83,13 +90,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--profile", default=None, help="a JSON file {points, seconds}: price steps with these "
                         "forward times instead of the ones recorded with the outputs")
+    parser.add_argument("--price", default=None, help="a JSON file {points, seconds}: charge each step these forward "
+                        "times (default: --profile's), while the budgets still decide with --profile's")
     args = parser.parse_args()
     options = dict(o.split("=", 1) for o in args.opt)
     report = []
     for path in args.outputs:
         data = load_outputs(path)
         times = json.loads(Path(args.profile).read_text()) if args.profile else None
-        results = {m: run_method(data, m, options, args.clock, times) for m in ["ar"] + args.methods.split(",")}
+        price = json.loads(Path(args.price).read_text()) if args.price else None
+        results = {m: run_method(data, m, options, args.clock, times, price) for m in ["ar"] + args.methods.split(",")}
         groups = {"all": None}
         if args.by_category:
             groups.update({c: c for c in sorted({r["category"] for r in data["rows"]})})

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdec_cli import api
-from specdec_cli.engine.batch import BatchShare, generate_batch
+from specdec_cli.engine.batch import generate_batch
+from specdec_cli.engine.times import BatchShare
 from specdec_cli.engine.drafters import Drafters
 from specdec_cli.engine.loop import Draft, Drafter, generate
 from specdec_cli.engine.sampling import SamplingConfig

@@ -60,6 +60,21 @@ def test_causal_cut_never_looks_ahead(seed):
         assert trees.causal_size(probs[:m], STEEP, value) == min(full, m)
 
 
+def test_the_profile_times_both_ends_of_every_kernel_plan_bucket():
+    """A plan bucket's strategy serves all its row counts, so t(n) can jump where the next bucket starts (SmolLM2 on
+    the Xeon VM: 78 ms at 8 rows, 118 ms at 9). Interpolating across a bucket's start priced those drafts at two
+    thirds of their cost; the points must include the first and last count of each bucket the budget prices."""
+    from specdec_cli.runtime.kernels import BUCKETS
+    from specdec_cli.runtime.profile import POINTS
+
+    top = max(POINTS)
+    starts = [1] + [b + 1 for b in BUCKETS if b < top]
+    assert set(b for b in BUCKETS if b <= top) <= set(POINTS)
+    assert set(starts) <= set(POINTS)
+    stepped = Profile([1, 8, 9, 16], [0.06, 0.08, 0.12, 0.13])
+    assert stepped(9) == pytest.approx(0.12) and stepped(8) == pytest.approx(0.08)  # no slope across the jump
+
+
 def test_calibrator_learns_that_a_drafter_is_underconfident():
     cal = Calibrator()
     draft = trees.Draft.chain([1, 2, 3], scores=[0.1, 0.1, 0.1])

@@ -155,9 +155,10 @@ def test_profile_times_a_static_bucket_only_once_it_is_warm(monkeypatch, mode):
     monkeypatch.setattr(forward, "forward_tree", lambda model, cache, root, draft, parents: calls.append(1 + len(draft)))
     points = (1, 2, 3, 4, 6, 8)
     profile.measure(tiny_llama(vocab=16), points=points, context=4, cache_mode=mode)
-    timed = len(points) + sum(n <= 4 for n in points)  # the round-robin: every size, then the cheap ones again
+    twice = [n for n in points if n <= profile.TWICE]
+    timed = len(points) + len(twice)  # the round-robin: every size, then the cheap ones again
     warm = calls[:-timed]
-    assert calls[-timed:] == list(points) + [n for n in points if n <= 4]
+    assert calls[-timed:] == list(points) + twice
     if mode.static:
         per_size = profile.WARM_CALLS if mode.compiled else 1
         assert sorted(warm) == sorted(list(points) * per_size)

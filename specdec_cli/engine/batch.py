@@ -37,46 +37,10 @@ from .drafter import Drafter, GenerationResult, vocab_size
 from .drafters import Drafters
 from .sampling import Draws, SamplingConfig
 from .sequence import Sequence
+from .times import BatchShare, LearnedTimes, flat_times, wall_clock
 
 WIDEST_PAPER_DRAFT = 64  # REST's top-64 tree, the largest fixed draft a method verifies (--budget paper); the
 #                          cache is sized for it up front and grows past it when a node-limit budget asks more
-LEARNED_WIDTHS = 9  # forward-time corrections per query width up to 9; wider steps are rare and share the last one
-
-
-class BatchShare:
-    """A row's price of a forward of ``n`` tokens per row: ``T(rows, n) / rows`` (``rows``: the live rows)."""
-
-    def __init__(self, times, rows: int = 1):
-        self.times, self.rows = times, rows
-
-    def __call__(self, n: int) -> float:
-        return self.times(self.rows, n) / self.rows
-
-
-class LearnedTimes:
-    """``T(rows, width)``: the measured table, corrected by what this run's forwards actually took (greedy runs
-    only: sampled ones never read the clock). One factor per width, ``actual / table`` averaged over recent steps,
-    absorbs what the table missed (longer contexts than it was measured at, a busy machine)."""
-
-    EMA = 0.2
-
-    def __init__(self, table, learn: bool):
-        self.table, self.learn = table, learn
-        self.factor: dict[int, float] = {}
-
-    def __call__(self, rows: int, width: int) -> float:
-        return self.table(rows, width) * self.factor.get(min(width, LEARNED_WIDTHS), self.factor.get(1, 1.0))
-
-    def observe(self, rows: int, width: int, seconds: float) -> None:
-        if self.learn and seconds > 0:
-            key, ratio = min(width, LEARNED_WIDTHS), seconds / self.table(rows, width)
-            old = self.factor.get(key)
-            self.factor[key] = ratio if old is None else (1 - self.EMA) * old + self.EMA * ratio
-
-
-def flat_times(profile):
-    """``T(rows, width)`` from a one-sequence profile, ``t(rows * width)`` (when no batched one is measured)."""
-    return lambda rows, width: profile(rows * width)
 
 
 def _admit(target, cache, row: int, index: int, prompt: list[int], drafters: Drafters, share: BatchShare,
@@ -144,7 +108,7 @@ def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed,
     cache = new_batch_cache(target, rows, capacity, resolve("auto" if chosen is None else chosen, target))
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
-    vocab = vocab_size(target)
+    vocab, clock = vocab_size(target), wall_clock(forward.input_device(target))
     waiting = list(range(len(prompts)))[::-1]
     slots: list[Sequence | None] = [None] * rows
     while True:
@@ -163,9 +127,9 @@ def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed,
         width = choose_width(live, times)
         for seq in live:
             seq.cut(width, share(width))
-        t0 = time.perf_counter()
+        t0 = clock()
         logits = cache.forward_rows(target, [([s.tokens[-1], *s.draft.tokens], s.draft.parents) for s in live])
-        verify_s = time.perf_counter() - t0
+        verify_s = clock() - t0
         times.observe(len(live), width, verify_s)
         keep = [s.settle(lg, sampling, stop_ids, max_new_tokens, verify_s)[0] for s, lg in zip(live, logits)]
         cache.keep_paths(keep)

@@ -27,6 +27,7 @@ from .drafter import (Draft, Drafter, GenerationResult, Outcome, StepStats, cut_
 from .drafters import Drafters
 from .sampling import Draws, SamplingConfig
 from .sequence import Sequence
+from .times import wall_clock
 
 __all__ = ["Draft", "Outcome", "Drafter", "StepStats", "GenerationResult", "generate", "cut_at_stop"]
 
@@ -52,11 +53,12 @@ def generate(target, prompt: list[int], drafter: Drafter | Drafters, *, max_new_
     seq.begin(sampling)
     seq.prefill_s = time.perf_counter() - t_start
     vocab, share = vocab_size(target), seq.budget.profile  # alone: the sequence pays the whole forward
+    clock = wall_clock(forward.input_device(target))
     while not seq.done(max_new_tokens):
         draft = seq.propose(max_new_tokens, vocab, share, cache.max_draft_nodes)  # a static cache: one bucket
-        t1 = time.perf_counter()
+        t1 = clock()
         logits, = cache.forward_rows(target, [([seq.tokens[-1], *draft.tokens], draft.parents)])  # [1 + n, V]
-        _, emitted = seq.settle(logits, sampling, stop_ids, max_new_tokens, time.perf_counter() - t1,
+        _, emitted = seq.settle(logits, sampling, stop_ids, max_new_tokens, clock() - t1,
                                 keep=lambda rows: cache.keep_paths([rows]))
         if on_tokens and emitted:
             on_tokens(emitted)

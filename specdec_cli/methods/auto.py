@@ -41,7 +41,7 @@ class AutoDrafter(Drafter):
     calibrated_scores = True  # per source and evidence (SourceCalibration); not pooled a second time (docs/auto.md)
 
     def __init__(self, sources: list[Source], models: list[DraftModel] = (), *, max_nodes: int = 64,
-                 cont_len: int = 16, window: int = 8, memory: OutputMemory | None = None,
+                 cont_len: int = 32, window: int = 8, memory: OutputMemory | None = None,
                  memory_dir: str | None = None, fingerprint: str = "", calibration: SourceCalibration | None = None):
         self.sources = list(sources)
         self.models = list(models)

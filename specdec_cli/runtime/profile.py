@@ -10,7 +10,7 @@ Gemma-3-270M).
 
 Profiles are cached under ``$SPECDEC_CACHE/hardware`` keyed by the machine, torch version, thread count, the
 model's weights (name, dtype, shapes) and whether the tuned kernels are installed, so they are measured again
-when any of those changes. Measuring takes about 1.5 s (SmolLM2-135M) to 2 s (Gemma-3-270M) on that CPU.
+when any of those changes. Measuring takes about 3 s (SmolLM2-135M) to 4 s (Gemma-3-270M) on a 2-core Xeon VM.
 """
 
 from __future__ import annotations
@@ -30,9 +30,15 @@ from .cache import CACHE_SLACK
 from .cache_mode import CacheMode
 from .static_cache import WARM_CALLS
 
-POINTS = (1, 2, 3, 4, 6, 8, 16, 32)
+# Both ends of every row bucket of the kernel plans up to 32 (runtime/kernels.BUCKETS: 1, 2, 3, 4, 6, 8, 12, 16, 24,
+# 32): a bucket's plan serves all its row counts, so t(n) rises steadily inside a bucket and may jump where the next
+# one starts. Interpolating 8 -> 16 priced a 9-row SmolLM2 forward at 77 ms on the Xeon VM, where it took 118 ms
+# (the plans change strategy at 9 rows): the budget bought 9-15-row drafts at two thirds of their price
+# (docs/profiling.md, "Where t(n) jumps").
+POINTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 25, 32)
+TWICE = 9  # sizes up to this one, where most drafts land, are timed twice (the best of two)
 CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3  # 3: the points of both ends of every plan bucket (2 timed 1-4, 6, 8, 16, 32)
 
 
 @dataclass
@@ -163,7 +169,7 @@ def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode 
     best = {n: float("inf") for n in points}
     for rep in range(2):  # round-robin, so a slow moment of a shared machine does not skew one size only;
         for n in points:  # the cheap sizes, where draft sizes are decided, twice
-            if rep == 0 or n <= 4:
+            if rep == 0 or n <= TWICE:
                 best[n] = min(best[n], once(n))
     seconds = list(np.maximum.accumulate([best[n] for n in points]))  # more tokens never cost less (noise aside)
     return Profile(list(points), seconds, measured_s=time.perf_counter() - t_start,

