@@ -67,12 +67,16 @@ def test_the_profile_times_both_ends_of_every_kernel_plan_bucket():
     from specdec_cli.runtime.kernels import BUCKETS
     from specdec_cli.runtime.profile import POINTS
 
-    top = max(POINTS)
-    starts = [1] + [b + 1 for b in BUCKETS if b < top]
-    assert set(b for b in BUCKETS if b <= top) <= set(POINTS)
+    from specdec_cli.methods import METHODS
+
+    widest = METHODS["auto"].options["max_nodes"].default + 1  # auto's widest forward: its nodes and the root
+    assert max(POINTS) >= widest - 1  # beyond the last point only a short extrapolation
+    starts = [1] + [b + 1 for b in BUCKETS if b < max(POINTS)]
+    assert set(b for b in BUCKETS if b <= max(POINTS)) <= set(POINTS)
     assert set(starts) <= set(POINTS)
     stepped = Profile([1, 8, 9, 16], [0.06, 0.08, 0.12, 0.13])
-    assert stepped(9) == pytest.approx(0.12) and stepped(8) == pytest.approx(0.08)  # no slope across the jump
+    assert stepped(8.5) == pytest.approx(0.10)  # between the two ends of a jump: no cheaper row sneaks in
+    assert stepped(20) > stepped(16)  # extrapolated with the last bucket's slope
 
 
 def test_calibrator_learns_that_a_drafter_is_underconfident():

@@ -5,8 +5,7 @@ little depends on the hardware (docs/profiling.md: on a 2-core CPU Gemma-3-270M'
 1-token forward with PyTorch's stock kernels and 1.1x with :mod:`specdec_cli.runtime.kernels`; on a GPU it is flat up to
 dozens of tokens). Like Sequoia's measured ``t_target(n)``, :func:`measure` times the model itself on the actual
 device, dtype and thread count, after a short prefill, for ``n`` in :data:`POINTS`; between points the time is
-interpolated linearly, beyond them extrapolated from the last two (a 64-token forward is predicted within 5% on
-Gemma-3-270M).
+interpolated linearly, beyond them extrapolated from the last two.
 
 Profiles are cached under ``$SPECDEC_CACHE/hardware`` keyed by the machine, torch version, thread count, the
 model's weights (name, dtype, shapes) and whether the tuned kernels are installed, so they are measured again
@@ -35,7 +34,10 @@ from .static_cache import WARM_CALLS
 # one starts. Interpolating 8 -> 16 priced a 9-row SmolLM2 forward at 77 ms on the Xeon VM, where it took 118 ms
 # (the plans change strategy at 9 rows): the budget bought 9-15-row drafts at two thirds of their price
 # (docs/profiling.md, "Where t(n) jumps").
-POINTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 25, 32)
+# Then 33 and 64: auto's widest forward is its 64 nodes + the root, and extrapolating from 25 -> 32 (one bucket, a flat
+# slope) priced a 64-row SmolLM2 forward at 150 ms where it took 193.
+POINTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 25, 32, 33, 64)
+STATIC_TOP = 32  # a static (GPU) path times points up to here only: its buckets beyond compile in the run if needed
 TWICE = 9  # sizes up to this one, where most drafts land, are timed twice (the best of two)
 CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
 PROFILE_VERSION = 3  # 3: the points of both ends of every plan bucket (2 timed 1-4, 6, 8, 16, 32)
@@ -141,6 +143,7 @@ def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode 
     from . import forward
 
     t_start = time.perf_counter()
+    points = [n for n in points if not cache_mode.static or n <= STATIC_TOP] or list(points[:1])
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (context + max(points) + 1,), generator=gen).tolist()
