@@ -40,7 +40,7 @@ POINTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 25, 32, 33, 64)
 STATIC_TOP = 32  # a static (GPU) path times points up to here only: its buckets beyond compile in the run if needed
 TWICE = 9  # sizes up to this one, where most drafts land, are timed twice (the best of two)
 CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
-PROFILE_VERSION = 3  # 3: the points of both ends of every plan bucket (2 timed 1-4, 6, 8, 16, 32)
+PROFILE_VERSION = 4  # 4: + 33 and 64; 3: both ends of every plan bucket to 32; 2: 1-4, 6, 8, 16, 32
 
 
 @dataclass
