@@ -37,7 +37,7 @@ from .drafter import Drafter, GenerationResult, vocab_size
 from .drafters import Drafters
 from .sampling import Draws, SamplingConfig
 from .sequence import Sequence
-from .times import BatchShare, LearnedTimes, flat_times, wall_clock
+from .times import BatchShare, LearnedTimes, flat_times
 
 WIDEST_PAPER_DRAFT = 64  # REST's top-64 tree, the largest fixed draft a method verifies (--budget paper); the
 #                          cache is sized for it up front and grows past it when a node-limit budget asks more
@@ -108,7 +108,7 @@ def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed,
     cache = new_batch_cache(target, rows, capacity, resolve("auto" if chosen is None else chosen, target))
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
-    vocab, clock = vocab_size(target), wall_clock(forward.input_device(target))
+    vocab, clock = vocab_size(target), forward.wall_clock(target)
     waiting = list(range(len(prompts)))[::-1]
     slots: list[Sequence | None] = [None] * rows
     while True:

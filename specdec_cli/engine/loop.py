@@ -27,7 +27,6 @@ from .drafter import (Draft, Drafter, GenerationResult, Outcome, StepStats, cut_
 from .drafters import Drafters
 from .sampling import Draws, SamplingConfig
 from .sequence import Sequence
-from .times import wall_clock
 
 __all__ = ["Draft", "Outcome", "Drafter", "StepStats", "GenerationResult", "generate", "cut_at_stop"]
 
@@ -53,7 +52,7 @@ def generate(target, prompt: list[int], drafter: Drafter | Drafters, *, max_new_
     seq.begin(sampling)
     seq.prefill_s = time.perf_counter() - t_start
     vocab, share = vocab_size(target), seq.budget.profile  # alone: the sequence pays the whole forward
-    clock = wall_clock(forward.input_device(target))
+    clock = forward.wall_clock(target)
     while not seq.done(max_new_tokens):
         draft = seq.propose(max_new_tokens, vocab, share, cache.max_draft_nodes)  # a static cache: one bucket
         t1 = clock()

@@ -8,14 +8,10 @@ forwards actually took. Greedy runs only: sampled ones never read the clock, so 
 
     times = LearnedTimes(table, learn=greedy)    # T(rows, width), learnt
     share = BatchShare(times, rows)              # t(n) as a row's budget sees it: T(rows, n) / rows
-    t0 = clock(); forward; times.observe(rows, width, clock() - t0)     # clock = wall_clock(device)
+    t0 = clock(); forward; times.observe(rows, width, clock() - t0)     # clock = runtime.forward.wall_clock(target)
 """
 
 from __future__ import annotations
-
-import time
-
-import torch
 
 LEARNED_WIDTHS = 9  # forward-time corrections per query width up to 9; wider steps are rare and share the last one
 
@@ -56,13 +52,3 @@ def flat_times(profile):
     """``T(rows, width)`` from a one-sequence profile, ``t(rows * width)`` (when no batched one is measured)."""
     return lambda rows, width: profile(rows * width)
 
-
-def wall_clock(device: torch.device):
-    """``time.perf_counter`` once the device has run what was queued: a CUDA forward returns before it ran, and a
-    forward time read at its return would price every draft token as free."""
-    if device.type == "cuda":
-        def after_sync() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-        return after_sync
-    return time.perf_counter

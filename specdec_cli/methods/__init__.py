@@ -104,8 +104,9 @@ METHODS: dict[str, MethodInfo] = {
                                 "memory_tokens": Option(262_144, f"memory size bound (1 to {MAX_MEMORY_TOKENS:,} "
                                                         "tokens); the oldest outputs are forgotten first"),
                                 "max_ngram": Option(8, "longest context n-gram matched"),
-                                # 32: deeper copies pay once the budget prices 9+ rows right (16 before; docs/profiling.md, "Where t(n) jumps";
-                                # --kernels blocks pays ~4% for it on HumanEval: docs/benchmarks.md)
+                                # 32: deeper copies pay once the budget prices 9+ rows right (16 before;
+                                # docs/profiling.md, "Where t(n) jumps"); --kernels blocks pays ~4% for it on
+                                # HumanEval (docs/benchmarks.md)
                                 "cont_len": Option(32, "deepest draft node"),
                                 "top_c": Option(32, "nodes kept from each source's frequency trie"),
                                 "max_nodes": Option(64, "nodes of the merged tree handed to the budget"),

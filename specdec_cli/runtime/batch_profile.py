@@ -14,7 +14,6 @@ row count.
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import torch
@@ -70,16 +69,13 @@ def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
     for row in range(rows):
         cache.load_row(row, single, context)
 
-    device = forward.input_device(model)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    clock = forward.wall_clock(model)
 
     def once(width: int) -> float:
         draft = (ctx[context: context + width], list(range(-1, width - 2)))
-        sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         cache.forward_rows(model, [draft] * rows)
-        sync()
-        spent = time.perf_counter() - t0
+        spent = clock() - t0
         cache.keep_paths([[]] * rows)  # back to the context
         cache.lengths = [context] * rows
         return spent

@@ -20,6 +20,8 @@ Conventions (gpt-fast style, explicit positions):
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from . import kvcache
@@ -43,6 +45,19 @@ def cache_len(cache: KVCache) -> int:
 
 def input_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
+
+
+def wall_clock(model):
+    """``time.perf_counter`` once ``model``'s device has run what was queued: a CUDA forward returns before it ran,
+    and a forward time read at its return would price every draft token as free."""
+    device = input_device(model)
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def after_sync() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return after_sync
 
 
 def forward_chain(model, cache: KVCache, tokens: list[int], keep: int | None = None) -> torch.Tensor:

@@ -150,15 +150,12 @@ def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode 
     cache = forward.new_cache(model, context + max(points) + CACHE_SLACK, cache_mode)  # the widest timed forward fits
     forward.forward_chain(model, cache, ctx[:context], keep=0)
 
-    device = forward.input_device(model)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    clock = forward.wall_clock(model)
 
     def once(n: int) -> float:
-        sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         forward.forward_tree(model, cache, ctx[context], ctx[context + 1: context + n], _tree(n - 1))
-        sync()
-        spent = time.perf_counter() - t0
+        spent = clock() - t0
         forward.crop(cache, context)
         return spent
 
