@@ -55,15 +55,20 @@ def main() -> None:
             drafters = api.make_drafters(method, target, [], api.RunSettings(max_new_tokens=n), count=size)
             api.run_batch(target, ids[:size], drafters, max_new_tokens=WARMUP_TOKENS)
             drafters = api.make_drafters(method, target, [], api.RunSettings(max_new_tokens=n), count=size)
+            steps: list[tuple[int, float]] = []  # (rows, seconds) of every batched forward
             t0 = time.perf_counter()
-            results = api.run_batch(target, ids, drafters, max_new_tokens=n)
+            results = api.run_batch(target, ids, drafters, max_new_tokens=n,
+                                    on_step=lambda rows, s: steps.append((rows, s)))
             seconds = time.perf_counter() - t0
             new = sum(len(r.tokens) for r in results)
             digest = hashlib.sha256(json.dumps([r.tokens for r in results]).encode()).hexdigest()[:16]
             row = {"model": args.model, "prompts": args.prompts, "kernels": args.kernels or "default",
                    "method": method, "batch_size": size,
                    "tokens": new, "seconds": round(seconds, 3), "tokens_per_s": round(new / seconds, 2),
-                   "forwards": sum(r.summary()["target_forwards"] for r in results), "outputs": digest}
+                   "forwards": sum(r.summary()["target_forwards"] for r in results), "outputs": digest,
+                   # where the time went: each prompt's prefill (alone), the batched steps (forward + verify), the rest
+                   "prefill_s": round(sum(r.prefill_s for r in results), 3),
+                   "steps": len(steps), "step_s": round(sum(s for _, s in steps), 3)}
             rows.append(row)
             print(json.dumps(row) if args.json else
                   f"{method:5s} B={size:<3d} {row['tokens_per_s']:7.1f} tok/s  {new} tokens in {seconds:.1f} s  "

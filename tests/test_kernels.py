@@ -111,6 +111,46 @@ def test_tiles_split_over_threads_give_the_one_thread_bits(threads):
         assert np.array_equal(one, split)
 
 
+def test_split_on_the_openmp_pool_and_by_the_executor_give_the_same_bits(monkeypatch):
+    """A split product runs on numba's OpenMP pool where its threading layer may be entered from several threads,
+    else on the executor: either way the one-thread bits."""
+    import numpy as np
+
+    from specdec_cli.runtime import dot
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((9, 40)).astype(np.float32)
+    w = rng.standard_normal((70, 40)).astype(np.float32)
+    one, pool, executor = (np.empty((9, 70), np.float32) for _ in range(3))
+    dot.dot_rows(x, w, one)
+    dot.dot_rows_threads(x, w, pool, 2)
+    assert dot._PARTS[0] in (True, False) or not dot.COMPILED  # decided at the first split
+    monkeypatch.setattr(dot, "_PARTS", [False])
+    dot.dot_rows_threads(x, w, executor, 2)
+    assert np.array_equal(one, pool) and np.array_equal(one, executor)
+
+
+def test_a_row_gets_the_one_row_bits_in_every_tile_height():
+    """float32 rows through every tile shape (1 and 2 rows, and on AVX-512 the tall 4- and 8-row tiles with two
+    outputs per register): each row's outputs are those of a one-row product, for row counts that mix the heights,
+    K with and without leftovers past the 8-lane chunks, and output counts with single-output tiles."""
+    import numpy as np
+
+    from specdec_cli.runtime.dot import dot_rows
+
+    rng = np.random.default_rng(2)
+    for k_dim, n_out in [(64, 12), (72, 9), (13, 6), (100, 17)]:
+        w = rng.standard_normal((n_out, k_dim)).astype(np.float32)
+        x = rng.standard_normal((19, k_dim)).astype(np.float32)
+        alone = np.empty((19, n_out), np.float32)
+        for r in range(19):
+            dot_rows(x[r: r + 1], w, alone[r: r + 1])
+        for rows in (2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 19):
+            together = np.empty((rows, n_out), np.float32)
+            dot_rows(x[:rows], w, together)
+            assert np.array_equal(together, alone[:rows]), (k_dim, n_out, rows)
+
+
 def test_openmp_workers_spin_briefly_unless_the_user_chose(tmp_path):
     """Importing specdec bounds OpenMP's spin (GOMP_SPINCOUNT) before torch loads OpenMP: workers that spin long
     took the core the split tiles need, workers asleep at once made every MKL call wake them. It leaves either

@@ -18,7 +18,9 @@ dispatches on the row count through a *plan* measured once per machine, thread c
   streams a 576-wide weight at ~11 GB/s on the EPYC of docs/profiling.md, the tiles at the read bandwidth; for 4-8
   rows MKL's GEMM took 1.9-3.5x one row's time, the tiles take 1.2-1.6x. Each output's sum runs in one order
   whatever the row count: a verified row's logits are a one-row forward's (while every row count up to it uses
-  ``dot``). ``blocks``: ``dot``'s tiles reading a GGUF file's blocks (:mod:`specdec_cli.runtime.blocks`).
+  ``dot``). On AVX-512 the tiles are 4 and 8 rows tall from 4 rows on (:mod:`specdec_cli.runtime.tiles`), and a
+  product split over threads runs on OpenMP's pool (:mod:`specdec_cli.runtime.dot`). ``blocks``: ``dot``'s tiles
+  reading a GGUF file's blocks (:mod:`specdec_cli.runtime.blocks`).
 
 16-bit weights (``--dtype bfloat16|float16``) get :mod:`specdec_cli.runtime.kernels16`'s row-invariant strategies
 instead (the weight read as stored, float32 rows in and out), in plans keyed by the weight's dtype.
@@ -54,7 +56,7 @@ STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
 DOT_ROWS = WIDE  # "dot" is timed for every forward whose rows are compared (prefills are MKL's: compute-bound)
-PLAN_VERSION = 8  # 8: keyed by OpenMP's waits; 7: timed with its workers asleep; 6: "dot" split over threads; 5: tiles
+PLAN_VERSION = 9  # 9: float32 tall tiles, dot split on OpenMP's pool; 8: keyed by OpenMP's waits; ...
 TUNE_BYTES = 64 << 20  # weights streamed per timing: enough to fall out of the caches, as in a real forward
 SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used (timings are noisy)
 EXTRA_MEMORY_FRACTION = 0.3

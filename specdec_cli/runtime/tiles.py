@@ -15,7 +15,9 @@ fast-math flags (LLVM may not reorder it): lane ``l`` of one :data:`VECTOR`-wide
 1 + 1), then the ``K mod 8`` leftover products one by one (multiply, then add). Every tile shape runs exactly
 these operations for each of its (row, output) pairs, so a row's result does not depend on the rows or the tile
 beside it: a verified draft row's logits are those of a one-row forward. On AVX-512 the GGUF blocks' tiles hold two
-outputs' accumulators in one 16-lane register (8 lanes each: the same operations) and come 4 and 8 rows tall too.
+outputs' accumulators in one 16-lane register (8 lanes each: the same operations) and come 4 and 8 rows tall too;
+so do float32's, from 4 rows on: the products of SmolLM2's forward took 19.5 ms for 8 rows against 26.3 for four
+2-row passes, and 52 against 94 for 32 rows (one thread, AMD EPYC VM; docs/profiling.md, "Tall float32 tiles").
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
     except RuntimeError:  # pragma: no cover - a host LLVM cannot describe
         OUT_PAIRS = False
     # ... and with its 32 registers a tile of up to 8 rows x 4 outputs (16 accumulators, 8 de-quantized vectors)
-    # de-quantizes each block once for 8 rows instead of once per row pair
+    # de-quantizes each block once for 8 rows instead of once per row pair (float32: loads each weight once for 8)
     TALL = OUT_PAIRS
     TALL_HEIGHTS = (8, 4)  # the tall tiles' heights, tallest first
     _VF, _VI16, _VI32 = ir.VectorType(_F32, VECTOR), ir.VectorType(_I16, VECTOR), ir.VectorType(_I32, VECTOR)
@@ -116,7 +118,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         blocks = fmt in BLOCK_FORMATS  # K is then a multiple of 32 (k-quants: 256): no leftovers
         row_bytes = builder.mul(builder.sdiv(k_dim, c64(int(STORED[fmt]))), c64(int(BLOCK_BYTES[fmt])))
 
-        pairs = blocks and OUT_PAIRS and outs % 2 == 0  # two outputs' lanes side by side in one 16-lane register
+        pairs = (blocks or (fmt == F32 and rows > PAIR)) and OUT_PAIRS and outs % 2 == 0  # 2 outputs per register
         groups = [(j, j + 1) for j in range(0, outs, 2)] if pairs else [(j,) for j in range(outs)]
         width = 2 if pairs else 1  # rows of lanes per accumulator
         wide = ir.VectorType(_F32, VECTOR * width)
@@ -137,8 +139,8 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         def chunk(c, accs):
             k = builder.mul(c, c64(VECTOR))
             _prefetch(builder, w_addr, k_dim, c, outs, fmt)
-            return products(k, [_load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, True)
-                                for j in range(outs)], accs)
+            ws = [_load(builder, wp, builder.add(builder.mul(k_dim, c64(j)), k), fmt, True) for j in range(outs)]
+            return products(k, _side_by_side(builder, ws, groups) if pairs else ws, accs)
 
         def block(b, accs):  # a GGUF block per iteration: its four chunks in chunk order (the same sums as chunk's)
             prefetch_blocks(builder, w_addr, row_bytes, b, outs, fmt)
@@ -150,7 +152,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         if blocks:
             finals = fma_sums(builder, builder.sdiv(k_dim, c64(BLOCK)), rows * len(groups), block, VECTOR * width)
         else:
-            finals = fma_sums(builder, chunks, rows * outs, chunk)
+            finals = fma_sums(builder, chunks, rows * len(groups), chunk, VECTOR * width)
         sums = [[None] * outs for _ in range(rows)]
         for r in range(rows):
             for g, js in enumerate(groups):
@@ -167,6 +169,12 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         for r in range(rows):
             for j in range(outs):
                 builder.store(sums[r][j], builder.gep(yp, [builder.add(builder.mul(y_stride, c64(r)), c64(j))]))
+
+    def _side_by_side(builder, ws, groups):
+        """Float32 tall tiles: outputs ``j`` and ``j + 1``'s 8-lane weight vectors as one 16-lane vector (low and
+        high lanes), each output keeping its own lanes and so its own sums."""
+        both = ir.Constant(ir.VectorType(_I32, 2 * VECTOR), list(range(2 * VECTOR)))
+        return [builder.shuffle_vector(ws[a], ws[b], both) for a, b in groups]
 
     def _prefetch(builder, w_addr, k_dim, c, outs: int, fmt: int):
         """Ask for the next tile's weights while this one runs, at the rate this one reads its own: a tile reads
@@ -219,7 +227,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
                 builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
                                                             "llvm.trap"), [])
                 builder.unreachable()
-                for f in range(len(ITEM_BYTES)) if rows <= PAIR else BLOCK_FORMATS:  # tall tiles: blocks only
+                for f in range(len(ITEM_BYTES)) if rows <= PAIR else (F32,) + BLOCK_FORMATS:  # tall: no 16-bit
                     case = builder.append_basic_block(f"tile.fmt{f}")
                     switch.add_case(ir.Constant(args[0].type, f), case)
                     builder.position_at_end(case)
@@ -271,7 +279,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
             r = 0
             while r < n:
                 rows = PAIR if pair and r + PAIR <= n else 1
-                if TALL and pair and outs == OUTS and ITEM_BYTES[fmt] == 0 and r + TALL_HEIGHTS[1] <= n:  # blocks
+                if TALL and pair and outs == OUTS and (ITEM_BYTES[fmt] == 0 or fmt == F32) and r + TALL_HEIGHTS[1] <= n:
                     rows = TALL_HEIGHTS[0] if r + TALL_HEIGHTS[0] <= n else TALL_HEIGHTS[1]
                 _tile_at(fmt, rows, outs, xa + r * k_dim * 4, wa + j * row_bytes, k_dim, ya + (r * n_out + j) * 4,
                          n_out)
