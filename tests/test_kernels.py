@@ -4,6 +4,7 @@ engine, copies and caches behave."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -124,10 +125,38 @@ def test_split_on_the_openmp_pool_and_by_the_executor_give_the_same_bits(monkeyp
     one, pool, executor = (np.empty((9, 70), np.float32) for _ in range(3))
     dot.dot_rows(x, w, one)
     dot.dot_rows_threads(x, w, pool, 2)
-    assert dot._PARTS[0] in (True, False) or not dot.COMPILED  # decided at the first split
+    if dot.COMPILED:  # decided at the first split: the pool where numba's layer may be shared (omp here)
+        assert dot._PARTS[0] is (dot.numba.threading_layer() in ("omp", "tbb"))
     monkeypatch.setattr(dot, "_PARTS", [False])
     dot.dot_rows_threads(x, w, executor, 2)
     assert np.array_equal(one, pool) and np.array_equal(one, executor)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_splits_products_after_its_parent_used_the_pool():
+    """GNU OpenMP's pool may not be entered after a fork (numba's omp layer terminates such a child): a child
+    forked after the parent split a product splits by the executor, and gets the same bits."""
+    import numpy as np
+
+    from specdec_cli.runtime import dot
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    w = rng.standard_normal((96, 64)).astype(np.float32)
+    one, parent = np.empty((8, 96), np.float32), np.empty((8, 96), np.float32)
+    dot.dot_rows(x, w, one)
+    dot.dot_rows_threads(x, w, parent, 2)
+    pid = os.fork()
+    if pid == 0:  # the child: a split, then its verdict as the exit status (never return into pytest)
+        try:
+            child = np.empty((8, 96), np.float32)
+            dot.dot_rows_threads(x, w, child, 2)
+            os._exit(0 if np.array_equal(child, one) and dot._PARTS[0] is False else 1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert np.array_equal(parent, one)
 
 
 def test_a_row_gets_the_one_row_bits_in_every_tile_height():
@@ -136,10 +165,12 @@ def test_a_row_gets_the_one_row_bits_in_every_tile_height():
     K with and without leftovers past the 8-lane chunks, and output counts with single-output tiles."""
     import numpy as np
 
+    from specdec_cli.runtime import tiles
     from specdec_cli.runtime.dot import dot_rows
 
+    print(f"tall tiles on this machine: {tiles.TALL if tiles.COMPILED else False}")  # else 2-row tiles only
     rng = np.random.default_rng(2)
-    for k_dim, n_out in [(64, 12), (72, 9), (13, 6), (100, 17)]:
+    for k_dim, n_out in [(64, 12), (72, 9), (13, 6), (100, 17), (5, 8)]:
         w = rng.standard_normal((n_out, k_dim)).astype(np.float32)
         x = rng.standard_normal((19, k_dim)).astype(np.float32)
         alone = np.empty((19, n_out), np.float32)

@@ -4,8 +4,9 @@
 For the few rows of a decoding or verification step, single-threaded MKL streams these weights far below the
 memory bandwidth on the CPUs this project measures (its GEMV at 10-12 GB/s for SmolLM2's 576-wide matrices against
 ~31 GB/s for a plain read; its GEMM for 4-8 rows at 2-3x one row's time): a tile loads each weight vector once for
-a pair of rows and each input vector once for four outputs. Each output's sum runs in one order whatever the
-number of rows, so a row's result does not depend on the rows computed beside it.
+its 2 rows (on AVX-512 4 or 8: :mod:`specdec_cli.runtime.tiles`) and each input vector once for four outputs.
+Each output's sum runs in one order whatever the number of rows, so a row's result does not depend on the rows
+computed beside it.
 """
 
 from __future__ import annotations
@@ -37,20 +38,31 @@ def dot_rows_span(x, w, y, j0, j1, fmt):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, boundscheck=False, parallel=True)
 def dot_rows_parts(x, w, y, cuts, fmt):  # pragma: no cover - compiled
     """:func:`dot_rows_span` over the output ranges ``[cuts[i], cuts[i + 1])``, one per thread of numba's
-    OpenMP pool (the one torch's products run on: no second pool, no Python thread to wake)."""
+    OpenMP pool (no Python thread to wake; a libgomp of its own beside torch's, its spin bounded by the same
+    ``GOMP_SPINCOUNT``, which importing specdec sets)."""
     for i in prange(cuts.shape[0] - 1):
         dot_tiled_span(x, w, y, fmt, True, cuts[i], cuts[i + 1])
 
 
 # Whether dot_rows_parts may split a product: None until its first call, then True where numba's threading layer
 # is safe to enter from several Python threads at once (omp, tbb; its fallback "workqueue" is not), else False and
-# the executor below splits instead. The pool's wake-up costs ~3 us against the executor's ~50 us a call: on 2 cores
-# a 32-row SmolLM2 576x576 product took 110 us split this way, 174 us by the executor, 122 us on one thread.
+# the executor below splits instead. The pool's wake-up costs a few us against the executor's ~50 us a call: on 2
+# cores a 32-row SmolLM2 576x576 product took 74 us split this way, 174 us by the executor, 120 us on one thread
+# (docs/profiling.md, "Tall float32 tiles and OpenMP's pool").
 _PARTS: list = [None]
 _HELPERS: list = []  # [the executor, its worker count]: made at the first call that splits
 _MAKING = threading.Lock()
-if hasattr(os, "register_at_fork"):  # a forked child has the executor object but none of its threads
-    os.register_at_fork(after_in_child=_HELPERS.clear)
+
+
+def _forked_child() -> None:
+    """A forked child has the executor object but none of its threads, and GNU OpenMP's pool may not be entered
+    after a fork (numba's omp layer terminates the child): the child splits by a new executor."""
+    _HELPERS.clear()
+    _PARTS[0] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
 
 
 def spans(n_out: int, parts: int) -> list[tuple[int, int]]:
@@ -64,21 +76,15 @@ def spans(n_out: int, parts: int) -> list[tuple[int, int]]:
 
 
 def dot_rows_threads(x, w, y, threads: int, fmt: int = F32) -> None:
-    """:func:`dot_rows` over ``threads`` threads, each a span of the outputs (the compiled code releases the
+    """:func:`dot_rows` over ``threads`` threads, each a span of the outputs: on numba's OpenMP pool, else (a
+    threading layer that may not be shared, a forked child) by a Python executor (the compiled code releases the
     GIL). The tiles stream the weights from one core at a time; a second core reads the other half, which is what
     a batch's forward (8-32 rows and more) needs on a machine of several cores. Same bits as one thread."""
     parts = spans(w.shape[0], threads)
     if len(parts) < 2:
         dot_rows_span(x, w, y, 0, w.shape[0], fmt)
         return
-    if _PARTS[0] is not False and COMPILED:
-        cuts = np.array([j0 for j0, _ in parts] + [parts[-1][1]], np.int64)
-        if _PARTS[0]:
-            dot_rows_parts(x, w, y, cuts, fmt)
-            return
-        with _MAKING:  # the first split picks numba's threading layer: one caller at a time
-            dot_rows_parts(x, w, y, cuts, fmt)
-            _PARTS[0] = numba.threading_layer() in ("omp", "tbb")
+    if _PARTS[0] is not False and COMPILED and _split_on_the_pool(x, w, y, parts, fmt):
         return
     with _MAKING:  # forwards from several Python threads must not replace the executor under one another
         if not _HELPERS or _HELPERS[1] < len(parts) - 1:  # the first split, or more threads than before
@@ -94,6 +100,26 @@ def dot_rows_threads(x, w, y, threads: int, fmt: int = F32) -> None:
         done.result()
 
 
+def _split_on_the_pool(x, w, y, parts, fmt: int) -> bool:
+    """``dot_rows_parts`` over ``parts`` on as many of numba's threads (not all of them: the rest would wake for
+    nothing); False where the pool may not be used (then nothing was written)."""
+    cuts = np.array([j0 for j0, _ in parts] + [parts[-1][1]], np.int64)
+    numba.set_num_threads(min(len(parts), numba.config.NUMBA_NUM_THREADS))  # this Python thread's setting
+    if _PARTS[0]:
+        dot_rows_parts(x, w, y, cuts, fmt)
+        return True
+    with _MAKING:  # the first split picks numba's threading layer: one caller at a time
+        if _PARTS[0] is None:
+            try:
+                dot_rows_parts(x, w, y, cuts, fmt)
+                _PARTS[0] = numba.threading_layer() in ("omp", "tbb")
+            except Exception:  # noqa: BLE001 - a layer that cannot start (NUMBA_THREADING_LAYER=omp, no libgomp)
+                _PARTS[0] = False
+                return False
+            return True
+    return _split_on_the_pool(x, w, y, parts, fmt) if _PARTS[0] else False
+
+
 def warm_up() -> threading.Thread | None:
     """Load the compiled :func:`dot_rows` in a background thread (numba's first call in a process costs ~0.4 s
     even from its on-disk cache), so that it overlaps the model's loading instead of delaying the first step."""
@@ -103,8 +129,8 @@ def warm_up() -> threading.Thread | None:
     def first_call():
         x, w, y = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32)
         dot_rows(x, w, y)
-        dot_rows_span(x, w, y, 0, 1, F32)  # the split's kernels too (the first step of a run of several threads)
-        dot_rows_parts(x, w, y, np.array([0, 1], np.int64), F32)
+        dot_rows_span(x, w, y, 0, 1, F32)  # the split's kernel too (the first step of a run of several threads);
+        # not dot_rows_parts: its first call starts an OpenMP pool, which a run of one thread never needs
 
     thread = threading.Thread(target=first_call, name="specdec-dot-warm-up", daemon=True)
     thread.start()

@@ -14,13 +14,12 @@ dispatches on the row count through a *plan* measured once per machine, thread c
 * ``wt``     -- ``x @ W_t`` with a contiguous transposed copy ``W_t`` (extra memory);
 * ``mkldnn`` -- oneDNN's inner product on a blocked copy of ``W`` (extra memory);
 * ``dot``    -- register tiles of 2 rows x 4 outputs (:mod:`specdec_cli.runtime.tiles`, numba), reading ``W`` as
-  it is: each weight vector loaded serves two rows, each input vector four outputs. Single-threaded MKL's GEMV
-  streams a 576-wide weight at ~11 GB/s on the EPYC of docs/profiling.md, the tiles at the read bandwidth; for 4-8
-  rows MKL's GEMM took 1.9-3.5x one row's time, the tiles take 1.2-1.6x. Each output's sum runs in one order
-  whatever the row count: a verified row's logits are a one-row forward's (while every row count up to it uses
-  ``dot``). On AVX-512 the tiles are 4 and 8 rows tall from 4 rows on (:mod:`specdec_cli.runtime.tiles`), and a
-  product split over threads runs on OpenMP's pool (:mod:`specdec_cli.runtime.dot`). ``blocks``: ``dot``'s tiles
-  reading a GGUF file's blocks (:mod:`specdec_cli.runtime.blocks`).
+  it is: each weight vector loaded serves two rows (on AVX-512 four or eight), each input vector four outputs.
+  Single-threaded MKL's GEMV streams a 576-wide weight at ~11 GB/s on the EPYC of docs/profiling.md, the tiles at
+  the read bandwidth; for 4-8 rows MKL's GEMM took 1.9-3.5x one row's time, the tiles take 1.2-1.6x. Each output's
+  sum runs in one order whatever the row count: a verified row's logits are a one-row forward's (while every row
+  count up to it uses ``dot``), split over threads on numba's OpenMP pool. ``blocks``: ``dot``'s tiles reading a
+  GGUF file's blocks (:mod:`specdec_cli.runtime.blocks`).
 
 16-bit weights (``--dtype bfloat16|float16``) get :mod:`specdec_cli.runtime.kernels16`'s row-invariant strategies
 instead (the weight read as stored, float32 rows in and out), in plans keyed by the weight's dtype.
@@ -51,8 +50,7 @@ from .tiles import F32
 from .kernels16 import FORMATS, apply16, is_16bit, prefill_strategy, stored, tune_shape16
 from .machine import available_bytes, setup_key
 
-# "dot" only where numba compiles it (as plain Python it would be far too slow to ever be picked)
-STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())
+STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())  # "dot" where numba compiles it only
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
 DOT_ROWS = WIDE  # "dot" is timed for every forward whose rows are compared (prefills are MKL's: compute-bound)

@@ -7,7 +7,8 @@ One row is memory-bound; from about four rows on, the per-row kernels that loade
 then picked, streams these shapes far below the bandwidth: a SmolLM2 forward's float32 products took 1.9x one row's
 time at 4 rows and 3.5x at 8 (docs/profiling.md, "Verification rows"). Here a *tile* of :data:`PAIR` rows x
 :data:`OUTS` outputs keeps their accumulators in registers, so each weight vector loaded serves every row of the
-tile and each input vector every output of it: 1.2x at 4 rows and 1.6x at 8, with one row as fast as before.
+tile and each input vector every output of it: 1.2x at 4 rows and 1.6x at 8, with one row as fast as before. On
+AVX-512, tiles of 4 and 8 rows (:data:`TALL_HEIGHTS`) serve every row count from 4 up.
 
 **Row invariance by construction.** Every output is one sum in one fixed order, written out in LLVM IR without
 fast-math flags (LLVM may not reorder it): lane ``l`` of one :data:`VECTOR`-wide accumulator takes the products of
@@ -30,7 +31,7 @@ from .jit import COMPILED, njit
 
 VECTOR = 8  # float32 lanes of one AVX2 register: one accumulator per (row, output) (two outputs per AVX-512 one)
 OUTS = 4  # outputs per tile: 2 rows x 4 outputs = 8 accumulators + 4 weight vectors + 1 input: AVX2's 16 registers
-PAIR = 2  # rows per tile (3 rows x 4 outputs measured slower: the 12 accumulators leave too few registers)
+PAIR = 2  # rows per AVX2 tile (3 rows x 4 outputs measured slower: 12 accumulators leave too few registers)
 F32, BF16, FP16 = 0, 1, 2  # weight formats (an int: one compiled driver serves them all; GGUF blocks: 3-7)
 ITEM_BYTES = np.array([4, 2, 2, 0, 0, 0, 0, 0], np.int64)  # bytes of one stored weight, per format (0: GGUF blocks)
 
@@ -241,7 +242,7 @@ if COMPILED:  # pragma: no branch - without numba the plans never pick these ker
         return tile
 
     tile_2x4, tile_1x4, tile_2x1, tile_1x1 = _tile(2, 4), _tile(1, 4), _tile(2, 1), _tile(1, 1)
-    # GGUF blocks on AVX-512 (TALL): a block de-quantized once per 8 rows; elsewhere never called (no code emitted)
+    # AVX-512 (TALL): float32 weights or a GGUF block loaded once per 8 rows; elsewhere never called (no code emitted)
     tile_8x4, tile_4x4 = (_tile(8, 4), _tile(4, 4)) if TALL else (tile_2x4, tile_2x4)
 
     @njit(cache=True, nogil=True, boundscheck=False, inline="always")
