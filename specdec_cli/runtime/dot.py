@@ -56,9 +56,12 @@ _MAKING = threading.Lock()
 
 def _forked_child() -> None:
     """A forked child has the executor object but none of its threads, and GNU OpenMP's pool may not be entered
-    after a fork (numba's omp layer terminates the child): the child splits by a new executor."""
+    after a fork (numba's omp layer terminates the child): the child splits by a new executor (and a new lock: a
+    thread of the parent may have held it at the fork)."""
+    global _MAKING
     _HELPERS.clear()
     _PARTS[0] = False
+    _MAKING = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -103,21 +106,38 @@ def dot_rows_threads(x, w, y, threads: int, fmt: int = F32) -> None:
 def _split_on_the_pool(x, w, y, parts, fmt: int) -> bool:
     """``dot_rows_parts`` over ``parts`` on as many of numba's threads (not all of them: the rest would wake for
     nothing); False where the pool may not be used (then nothing was written)."""
-    cuts = np.array([j0 for j0, _ in parts] + [parts[-1][1]], np.int64)
+    if _PARTS[0] is None:
+        with _MAKING:  # the first split starts the pool: one caller at a time
+            if _PARTS[0] is None:
+                _PARTS[0] = _start_pool()
+    if not _PARTS[0]:
+        return False
     numba.set_num_threads(min(len(parts), numba.config.NUMBA_NUM_THREADS))  # this Python thread's setting
-    if _PARTS[0]:
-        dot_rows_parts(x, w, y, cuts, fmt)
-        return True
-    with _MAKING:  # the first split picks numba's threading layer: one caller at a time
-        if _PARTS[0] is None:
-            try:
-                dot_rows_parts(x, w, y, cuts, fmt)
-                _PARTS[0] = numba.threading_layer() in ("omp", "tbb")
-            except Exception:  # noqa: BLE001 - a layer that cannot start (NUMBA_THREADING_LAYER=omp, no libgomp)
-                _PARTS[0] = False
-                return False
-            return True
-    return _split_on_the_pool(x, w, y, parts, fmt) if _PARTS[0] else False
+    dot_rows_parts(x, w, y, np.array([j0 for j0, _ in parts] + [parts[-1][1]], np.int64), fmt)
+    return True
+
+
+def _start_pool() -> bool:
+    """Start numba's OpenMP pool from a thread of its own, and say whether splits may use it: its threading layer
+    may be entered from several threads at once (omp, tbb; its fallback "workqueue" may not) and it started.
+
+    Why a thread of its own: started from the thread that runs torch's products, at its first split, the pool
+    made batched `ar` on SmolLM2 run at 135-140 tok/s against 190 (B = 8, 2 threads, AMD EPYC VM; docs/profiling.md,
+    "Tall float32 tiles and OpenMP's pool")."""
+    verdict = [False]
+
+    def start():
+        one, out = np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32)
+        try:
+            dot_rows_parts(one, one, out, np.array([0, 1], np.int64), F32)
+            verdict[0] = numba.threading_layer() in ("omp", "tbb")
+        except Exception:  # noqa: BLE001 - a layer that cannot start (NUMBA_THREADING_LAYER=omp, no libgomp)
+            verdict[0] = False
+
+    starter = threading.Thread(target=start, name="specdec-dot-pool", daemon=True)
+    starter.start()
+    starter.join()
+    return verdict[0]
 
 
 def warm_up() -> threading.Thread | None:
@@ -129,8 +149,10 @@ def warm_up() -> threading.Thread | None:
     def first_call():
         x, w, y = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32)
         dot_rows(x, w, y)
-        dot_rows_span(x, w, y, 0, 1, F32)  # the split's kernel too (the first step of a run of several threads);
-        # not dot_rows_parts: its first call starts an OpenMP pool, which a run of one thread never needs
+        dot_rows_span(x, w, y, 0, 1, F32)  # the split's kernel too (the first step of a run of several threads)
+        with _MAKING:  # and its pool, off the thread that runs torch's products (_start_pool says why)
+            if _PARTS[0] is None and COMPILED:
+                _PARTS[0] = _start_pool()
 
     thread = threading.Thread(target=first_call, name="specdec-dot-warm-up", daemon=True)
     thread.start()
