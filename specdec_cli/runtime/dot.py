@@ -11,6 +11,7 @@ computed beside it.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
@@ -87,7 +88,9 @@ def dot_rows_threads(x, w, y, threads: int, fmt: int = F32) -> None:
     if len(parts) < 2:
         dot_rows_span(x, w, y, 0, w.shape[0], fmt)
         return
-    if _PARTS[0] is not False and COMPILED and _split_on_the_pool(x, w, y, parts, fmt):
+    if COMPILED and _pool_ready():  # on as many of numba's threads as ranges (the rest would wake for nothing)
+        numba.set_num_threads(min(len(parts), numba.config.NUMBA_NUM_THREADS))  # this Python thread's setting
+        dot_rows_parts(x, w, y, _cuts(w.shape[0], threads), fmt)
         return
     with _MAKING:  # forwards from several Python threads must not replace the executor under one another
         if not _HELPERS or _HELPERS[1] < len(parts) - 1:  # the first split, or more threads than before
@@ -103,18 +106,20 @@ def dot_rows_threads(x, w, y, threads: int, fmt: int = F32) -> None:
         done.result()
 
 
-def _split_on_the_pool(x, w, y, parts, fmt: int) -> bool:
-    """``dot_rows_parts`` over ``parts`` on as many of numba's threads (not all of them: the rest would wake for
-    nothing); False where the pool may not be used (then nothing was written)."""
+@functools.lru_cache(maxsize=256)
+def _cuts(n_out: int, threads: int) -> np.ndarray:
+    """:func:`spans`' boundaries as ``dot_rows_parts`` takes them (one array per shape and thread count, reused)."""
+    parts = spans(n_out, threads)
+    return np.array([j0 for j0, _ in parts] + [parts[-1][1]], np.int64)
+
+
+def _pool_ready() -> bool:
+    """Whether splits run on numba's pool, which the first caller starts (one at a time)."""
     if _PARTS[0] is None:
-        with _MAKING:  # the first split starts the pool: one caller at a time
+        with _MAKING:
             if _PARTS[0] is None:
                 _PARTS[0] = _start_pool()
-    if not _PARTS[0]:
-        return False
-    numba.set_num_threads(min(len(parts), numba.config.NUMBA_NUM_THREADS))  # this Python thread's setting
-    dot_rows_parts(x, w, y, np.array([j0 for j0, _ in parts] + [parts[-1][1]], np.int64), fmt)
-    return True
+    return _PARTS[0]
 
 
 def _start_pool() -> bool:
@@ -132,7 +137,7 @@ def _start_pool() -> bool:
             dot_rows_parts(one, one, out, np.array([0, 1], np.int64), F32)
             verdict[0] = numba.threading_layer() in ("omp", "tbb")
         except Exception:  # noqa: BLE001 - a layer that cannot start (NUMBA_THREADING_LAYER=omp, no libgomp)
-            verdict[0] = False
+            pass  # verdict stays False: the executor splits
 
     starter = threading.Thread(target=start, name="specdec-dot-pool", daemon=True)
     starter.start()
@@ -150,9 +155,7 @@ def warm_up() -> threading.Thread | None:
         x, w, y = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.empty((1, 1), np.float32)
         dot_rows(x, w, y)
         dot_rows_span(x, w, y, 0, 1, F32)  # the split's kernel too (the first step of a run of several threads)
-        with _MAKING:  # and its pool, off the thread that runs torch's products (_start_pool says why)
-            if _PARTS[0] is None and COMPILED:
-                _PARTS[0] = _start_pool()
+        _pool_ready()  # and its pool, off the thread that runs torch's products (_start_pool says why)
 
     thread = threading.Thread(target=first_call, name="specdec-dot-warm-up", daemon=True)
     thread.start()

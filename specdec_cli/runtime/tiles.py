@@ -7,8 +7,7 @@ One row is memory-bound; from about four rows on, the per-row kernels that loade
 then picked, streams these shapes far below the bandwidth: a SmolLM2 forward's float32 products took 1.9x one row's
 time at 4 rows and 3.5x at 8 (docs/profiling.md, "Verification rows"). Here a *tile* of :data:`PAIR` rows x
 :data:`OUTS` outputs keeps their accumulators in registers, so each weight vector loaded serves every row of the
-tile and each input vector every output of it: 1.2x at 4 rows and 1.6x at 8, with one row as fast as before. On
-AVX-512, tiles of 4 and 8 rows (:data:`TALL_HEIGHTS`) serve every row count from 4 up.
+tile and each input vector every output of it: 1.2x at 4 rows and 1.6x at 8, with one row as fast as before.
 
 **Row invariance by construction.** Every output is one sum in one fixed order, written out in LLVM IR without
 fast-math flags (LLVM may not reorder it): lane ``l`` of one :data:`VECTOR`-wide accumulator takes the products of
