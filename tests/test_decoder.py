@@ -196,3 +196,32 @@ def test_real_model_greedy_equals_transformers_generate(smollm2):
                                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))
         theirs = out[0, len(ids):].tolist()
         assert ours == theirs[: len(ours)], text
+
+
+@pytest.mark.skipif("dot" not in kernels.STRATEGIES, reason="numba not installed")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batchs_one_position_rows_attend_their_own_spans_as_sdpa_does(threads, monkeypatch):
+    """runtime/attend.batch_rows: each row of a ragged batch over its own span (a prefix, a sliding window), the
+    values SDPA gives over the padded batch up to rounding; a row whose columns are not one span leaves it to SDPA."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from specdec_cli.runtime import attend
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    torch.manual_seed(0)
+    rows, heads, kv_heads, dim, capacity = 5, 6, 2, 16, 40
+    layer = SimpleNamespace(_k=torch.randn(rows, kv_heads, capacity, dim), _v=torch.randn(rows, kv_heads, capacity, dim))
+    q = torch.randn(rows, heads, 1, dim)
+    spans = [(0, 7), (0, 31), (4, 12), (0, 1), (20, 33)]
+    mask = torch.full((rows, 1, 1, 33), float("-inf"))
+    for r, (a, b) in enumerate(spans):
+        mask[r, 0, 0, a:b] = 0
+    got = attend.batch_rows(q, layer, mask, 0.25)
+    want = F.scaled_dot_product_attention(q, layer._k[:, :, :33], layer._v[:, :, :33], attn_mask=mask, scale=0.25,
+                                          enable_gqa=True).transpose(1, 2).reshape(rows, 1, heads * dim)
+    assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    holed = mask.clone()
+    holed[1, 0, 0, 10] = float("-inf")  # row 1 sees two spans
+    assert attend.batch_rows(q, layer, holed, 0.25) is None

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec_cli.runtime import kernels
+from specdec_cli.runtime import kernels, products
 
 from conftest import tiny_llama
 
@@ -31,6 +31,21 @@ def test_every_strategy_computes_the_linear_product(strategy, bias):
             got = layer(x)
         assert got.shape == (1, n, 80) and got.is_contiguous()
         assert torch.allclose(got, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5), n
+
+
+@pytest.mark.skipif(not products._POINTWISE, reason="this torch has no oneDNN pointwise linear")
+def test_the_packed_onednn_product_has_the_inner_products_bits():
+    """``mkldnn`` multiplies dense rows by a weight packed once (no conversions per product): the bits of oneDNN's
+    inner product on converted rows, which plans and recorded outputs were measured with, from 3 rows on (a prefill's
+    products; plans use ``mkldnn`` only there)."""
+    torch.manual_seed(0)
+    for out_f, in_f in ((576, 576), (192, 576), (576, 1536)):
+        w = torch.randn(out_f, in_f)
+        packed, copy_w = products.pack("mkldnn", w), w.to_mkldnn()
+        for n in (3, 17, 65, 130, 520):
+            x = torch.randn(n, in_f)
+            assert torch.equal(products.mkldnn(x, packed),
+                               torch._C._nn.mkldnn_linear(x.to_mkldnn(), copy_w, None).to_dense()), (out_f, in_f, n)
 
 
 def test_outside_the_engine_it_is_exactly_nn_linear():

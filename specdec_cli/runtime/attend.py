@@ -24,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .jit import COMPILED, njit
+from .jit import COMPILED, njit, numba
+
+prange = numba.prange if COMPILED else range
 
 LOG2E = np.float32(1.4426950408889634)  # exp(x) = 2**(x * log2(e))
 LN2_HI, LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 in two parts: exact n * LN2_HI
@@ -199,3 +201,56 @@ def attention(q: torch.Tensor, layer, past: int, seen, scale: float) -> torch.Te
     attend(q[0].numpy(), keys[0].numpy(), values[0].numpy(), layer.visible_start(past), layer.length,
            EVERY_COLUMN if seen is None else seen, np.float32(scale), out.numpy())
     return out
+
+
+@njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def attend_rows(q, k, v, starts, stops, every, scale, out):  # pragma: no cover - compiled
+    """:func:`attend` for every row ``b`` of a batch (``q [B, n, H, D]``, ``k``, ``v`` ``[B, KVH, capacity, D]``,
+    ``out [B, n, H, D]``), row ``b`` over columns ``[starts[b], stops[b])``; the rows over numba's threads."""
+    for b in prange(q.shape[0]):
+        attend(q[b], k[b], v[b], starts[b], stops[b], every, scale, out[b])
+
+
+_SPANS: list = [None, None]  # the last mask read and its rows' spans: a forward's layers of one kind share a mask
+
+
+def row_spans(mask: torch.Tensor):
+    """``(starts, stops)`` (int64 arrays): each row's visible columns as one span, from a batch's additive mask
+    ``[B, 1, 1, end]`` (one query position per row); None where a row's columns are not one span."""
+    if _SPANS[0] is not mask:
+        seen = mask[:, 0, 0] == 0  # [B, end]
+        count, start = seen.sum(1), seen.int().argmax(1)
+        last = seen.shape[1] - 1 - seen.flip(1).int().argmax(1)
+        whole = bool(((last - start + 1 == count) & (count > 0)).all())
+        _SPANS[:] = [mask, (start.numpy().astype(np.int64), (last + 1).numpy().astype(np.int64)) if whole else None]
+    return _SPANS[1]
+
+
+def batch_rows(q: torch.Tensor, layer, mask, scale: float) -> torch.Tensor | None:
+    """One query position per row of a batch (``q [B, H, 1, D]``, the rows' keys and values already in the
+    :class:`~specdec_cli.runtime.batch_cache.BatchLayer` ``layer``) -> ``[B, 1, H * D]``, each row reading its own
+    span of its own columns; None where this does not apply (SDPA then attends every row over the widest).
+
+    Why: SDPA attends each row over the batch's widest prefix, the padding masked, and its kernel pays per head
+    and row: 0.61 ms a layer for 32 SmolLM2 rows of 150-280 tokens on 2 threads, against 0.22 here (AMD EPYC VM;
+    docs/profiling.md, "Batched attention by row spans"). Same values up to rounding (attend's fixed order)."""
+    keys, values = getattr(layer, "_k", None), getattr(layer, "_v", None)
+    if not COMPILED or keys is None or keys.dtype != torch.float32 or not torch.is_tensor(mask) or mask.dim() != 4:
+        return None
+    spans = row_spans(mask)
+    if spans is None:
+        return None
+    from .dot import _pool_ready  # numba's OpenMP pool, started once from a thread of its own (runtime/dot.py)
+
+    b, heads, _, d = q.shape
+    out = torch.empty(b, 1, heads, d)
+    qr = q.transpose(1, 2).contiguous()  # [B, 1, H, D]
+    threads = min(b, torch.get_num_threads())
+    if threads > 1 and _pool_ready():
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        attend_rows(qr.numpy(), keys.numpy(), values.numpy(), *spans, EVERY_COLUMN, np.float32(scale), out.numpy())
+    else:
+        for r in range(b):
+            attend(qr[r].numpy(), keys[r].numpy(), values[r].numpy(), spans[0][r], spans[1][r], EVERY_COLUMN,
+                   np.float32(scale), out[r].numpy())
+    return out.view(b, 1, heads * d)

@@ -170,11 +170,10 @@ class Decoder:
         if causal and k.shape[-2] != n:
             raise RuntimeError("a causal prefill starts from an empty cache")
         mask = None if causal else mask
-        if heads > kv_heads:
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, is_causal=causal,
-                                               enable_gqa=True)
-        else:
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, is_causal=causal)
+        if n == 1 and b > 1 and (rows := attend.batch_rows(q, cache_layer, mask, self.scale)) is not None:
+            return rows  # a batch's one-position rows, each over its own span (runtime/attend.py)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, is_causal=causal,
+                                           enable_gqa=heads > kv_heads)
         return a.transpose(1, 2).reshape(b, n, heads * hd)
 
 

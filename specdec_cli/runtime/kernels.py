@@ -12,7 +12,7 @@ dispatches on the row count through a *plan* measured once per machine, thread c
 * ``nt``     -- ``F.linear(x, W)``, PyTorch's own path (also the fallback);
 * ``tn``     -- ``(W @ x.T).T``: the same product, with MKL choosing another kernel;
 * ``wt``     -- ``x @ W_t`` with a contiguous transposed copy ``W_t`` (extra memory);
-* ``mkldnn`` -- oneDNN's inner product on a blocked copy of ``W`` (extra memory);
+* ``mkldnn`` -- oneDNN's product on a copy of ``W`` packed for it (extra memory);
 * ``dot``    -- register tiles of 2 rows x 4 outputs (:mod:`specdec_cli.runtime.tiles`, numba), reading ``W`` as
   it is: each weight vector loaded serves two rows (on AVX-512 four or eight), each input vector four outputs.
   Single-threaded MKL's GEMV streams a 576-wide weight at ~11 GB/s on the EPYC of docs/profiling.md, the tiles at
@@ -37,20 +37,18 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..io.atomic import write_cache
 from ..io.jsonl import read_json
 from . import blocks
-from .dot import dot_rows_threads
 from .jit import COMPILED
-from .tiles import F32
 from .kernels16 import FORMATS, apply16, is_16bit, prefill_strategy, stored, tune_shape16
 from .machine import available_bytes, setup_key
+from .products import COPIES, PACKED, STRATEGIES
+from .products import apply as _apply, dot as _dot, pack as _pack  # _dot: a global the step profiler wraps
 
-STRATEGIES = ("nt", "tn", "wt", "mkldnn") + (("dot",) if COMPILED else ())  # "dot" where numba compiles it only
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 256)  # 256: prefills (every n > 64)
 WIDE = 64  # above this many rows the product is compute-bound: timed on fewer weights, copy-free "tn" skipped
 DOT_ROWS = WIDE  # "dot" is timed for every forward whose rows are compared (prefills are MKL's: compute-bound)
@@ -60,8 +58,6 @@ SWITCH_MARGIN = 0.95  # another strategy must be >= 5% faster than nt to be used
 EXTRA_MEMORY_FRACTION = 0.3
 
 _ACTIVE = False  # inside active(): the engine's forwards
-PACKED = ("wt", "mkldnn", "dot")  # strategies that keep something beside the weight (only "wt"/"mkldnn" copy it)
-COPIES = ("wt", "mkldnn")
 SWAPS = "_specdec_kernel_swaps"  # a model attribute counting installs (runtime.decoder re-reads the layers)
 
 
@@ -82,35 +78,6 @@ def bucket_of(n: int) -> int:
         if n <= b:
             return b
     return BUCKETS[-1]
-
-
-def _dot(x2: torch.Tensor, w_np, fmt: int = F32) -> torch.Tensor:
-    y = np.empty((x2.shape[0], w_np.shape[0]), np.float32)  # in numpy: ~200 calls a step, ~2 us less each than torch's
-    dot_rows_threads(x2.detach().numpy(), w_np, y, torch.get_num_threads(), fmt)  # outputs over threads: same bits
-    return torch.from_numpy(y)
-
-
-def _apply(strategy: str, x2: torch.Tensor, weight: torch.Tensor, packed: dict) -> torch.Tensor:
-    """``x2 @ weight.T`` by ``strategy`` (``x2``: contiguous ``[n, in]``)."""
-    if strategy in ("dot", "blocks"):  # "blocks": (the GGUF blocks, their tiles format), runtime/blocks.py
-        return _dot(x2, packed["dot"]) if strategy == "dot" else _dot(x2, *packed["blocks"])
-    if strategy == "tn":
-        return (weight @ x2.t()).t()
-    if strategy == "wt":
-        return x2 @ packed["wt"]
-    if strategy == "mkldnn":
-        return torch._C._nn.mkldnn_linear(x2.to_mkldnn(), packed["mkldnn"], None).to_dense()
-    return F.linear(x2, weight)
-
-
-def _pack(strategy: str, weight: torch.Tensor):
-    if strategy == "dot":  # a numpy view of the weight itself (no copy)
-        return weight.detach().contiguous().numpy()
-    if strategy == "wt":
-        return weight.detach().t().contiguous()
-    if strategy == "mkldnn":
-        return weight.detach().to_mkldnn()
-    return None
 
 
 class FastLinear(torch.nn.Module):
