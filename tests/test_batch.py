@@ -119,20 +119,28 @@ def batched_steps(model, steps: int = 4, seed: int = 1) -> list[torch.Tensor]:
 def test_batched_lean_forward_is_the_module_code(make, monkeypatch):
     """A batch's forward runs the lean path (runtime.decoder.run_rows: one call of each module for all rows, no
     transformers machinery) and gives the module code's logits, keys and values: ragged rows, trees, rollback,
-    Gemma-3's sliding windows."""
-    from specdec_cli.runtime import decoder
+    Gemma-3's sliding windows. Bit for bit with SDPA's attention; with each row attending its own columns
+    (runtime.attend.batch_rows, the default where numba compiles) the same up to attention's rounding."""
+    from specdec_cli.runtime import attend, decoder
+    from specdec_cli.runtime.jit import COMPILED
 
     model = make(vocab=VOCAB)
-    lean_calls = []
-    real_run_rows = decoder.run_rows
+    lean_calls, own_columns = [], []
+    real_run_rows, real_rows = decoder.run_rows, attend.batch_rows
     monkeypatch.setattr(decoder, "run_rows", lambda *a: lean_calls.append(real_run_rows(*a)) or lean_calls[-1])
+    monkeypatch.setattr(attend, "batch_rows", lambda *a: own_columns.append(real_rows(*a)) or own_columns[-1])
+    monkeypatch.setattr(attend, "ROWS", False)
     lean = batched_steps(model)
     assert lean_calls and all(logits is not None for logits in lean_calls)  # the lean path ran every step
+    monkeypatch.setattr(attend, "ROWS", True)
+    own = batched_steps(model)
     decoder.disable(model)  # transformers' module code from here on
     module = batched_steps(model)
-    assert len(lean) == len(module)
-    for a, b in zip(lean, module):  # the same operations on the same inputs: the same bits
-        assert torch.equal(a, b)
+    assert len(lean) == len(own) == len(module)
+    for a, b, c in zip(lean, own, module):  # the same operations on the same inputs: the same bits
+        assert torch.equal(a, c)
+        assert torch.allclose(b, c, rtol=1e-5, atol=1e-5)
+    assert not COMPILED or any(r is not None for r in own_columns)  # it ran, where numba compiles
 
 
 def test_batch_mask_is_the_one_sequence_tree_mask_row_by_row():

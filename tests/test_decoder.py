@@ -200,9 +200,10 @@ def test_real_model_greedy_equals_transformers_generate(smollm2):
 
 @pytest.mark.skipif("dot" not in kernels.STRATEGIES, reason="numba not installed")
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_batchs_one_position_rows_attend_their_own_spans_as_sdpa_does(threads, monkeypatch):
-    """runtime/attend.batch_rows: each row of a ragged batch over its own span (a prefix, a sliding window), the
-    values SDPA gives over the padded batch up to rounding; a row whose columns are not one span leaves it to SDPA."""
+@pytest.mark.parametrize("width", [1, 3])
+def test_a_batchs_rows_attend_their_own_columns_as_sdpa_does(threads, width, monkeypatch):
+    """runtime/attend.batch_rows: each row of a ragged batch over its own columns (a prefix, a sliding window, a
+    tree's ancestors), the values SDPA gives over the padded batch up to rounding; wider rows are SDPA's."""
     from types import SimpleNamespace
 
     import torch.nn.functional as F
@@ -211,17 +212,23 @@ def test_a_batchs_one_position_rows_attend_their_own_spans_as_sdpa_does(threads,
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     torch.manual_seed(0)
-    rows, heads, kv_heads, dim, capacity = 5, 6, 2, 16, 40
-    layer = SimpleNamespace(_k=torch.randn(rows, kv_heads, capacity, dim), _v=torch.randn(rows, kv_heads, capacity, dim))
-    q = torch.randn(rows, heads, 1, dim)
-    spans = [(0, 7), (0, 31), (4, 12), (0, 1), (20, 33)]
-    mask = torch.full((rows, 1, 1, 33), float("-inf"))
+    rows, heads, kv_heads, dim, capacity, end = 5, 6, 2, 16, 40, 33
+    shape = (rows, kv_heads, capacity, dim)
+    layer = SimpleNamespace(_k=torch.randn(shape), _v=torch.randn(shape))
+    q = torch.randn(rows, heads, width, dim)
+    spans = [(0, 7), (0, 30), (4, 12), (0, 1), (20, 30)]  # each row's prefix (or window) before its own positions
+    mask = torch.full((rows, 1, width, end), float("-inf"))
     for r, (a, b) in enumerate(spans):
-        mask[r, 0, 0, a:b] = 0
+        mask[r, 0, :, a:b] = 0
+        for i in range(width):  # a chain's positions see themselves and the ones before; every other skips one
+            mask[r, 0, i, [b + j for j in range(i + 1) if r % 2 == 0 or j in (0, i)]] = 0
     got = attend.batch_rows(q, layer, mask, 0.25)
-    want = F.scaled_dot_product_attention(q, layer._k[:, :, :33], layer._v[:, :, :33], attn_mask=mask, scale=0.25,
-                                          enable_gqa=True).transpose(1, 2).reshape(rows, 1, heads * dim)
+    want = F.scaled_dot_product_attention(q, layer._k[:, :, :end], layer._v[:, :, :end], attn_mask=mask, scale=0.25,
+                                          enable_gqa=True).transpose(1, 2).reshape(rows, width, heads * dim)
     assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
     holed = mask.clone()
-    holed[1, 0, 0, 10] = float("-inf")  # row 1 sees two spans
-    assert attend.batch_rows(q, layer, holed, 0.25) is None
+    holed[1, 0, :, 10] = float("-inf")  # row 1 sees two spans: the boolean mask instead of a span
+    want = F.scaled_dot_product_attention(q, layer._k[:, :, :end], layer._v[:, :, :end], attn_mask=holed, scale=0.25,
+                                          enable_gqa=True).transpose(1, 2).reshape(rows, width, heads * dim)
+    assert torch.allclose(attend.batch_rows(q, layer, holed, 0.25), want, rtol=1e-5, atol=1e-6)
+    assert attend.batch_rows(torch.randn(rows, heads, attend.ROWS_MAX + 1, dim), layer, mask, 0.25) is None

@@ -204,53 +204,63 @@ def attention(q: torch.Tensor, layer, past: int, seen, scale: float) -> torch.Te
 
 
 @njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def attend_rows(q, k, v, starts, stops, every, scale, out):  # pragma: no cover - compiled
+def attend_rows(q, k, v, starts, stops, visible, scale, out):  # pragma: no cover - compiled
     """:func:`attend` for every row ``b`` of a batch (``q [B, n, H, D]``, ``k``, ``v`` ``[B, KVH, capacity, D]``,
-    ``out [B, n, H, D]``), row ``b`` over columns ``[starts[b], stops[b])``; the rows over numba's threads."""
+    ``out [B, n, H, D]``): row ``b`` over columns ``[starts[b], stops[b])``, ``visible[b]`` of them (``visible``
+    ``[B, 0, 0]``: all); the rows over numba's threads."""
     for b in prange(q.shape[0]):
-        attend(q[b], k[b], v[b], starts[b], stops[b], every, scale, out[b])
+        attend(q[b], k[b], v[b], starts[b], stops[b], visible[b], scale, out[b])
 
 
-_SPANS: list = [None, None]  # the last mask read and its rows' spans: a forward's layers of one kind share a mask
+ROWS_MAX = 8  # query positions per row up to which a batch's rows attend here: 32 SmolLM2 rows of 150-280 tokens,
+# 2 threads, SDPA / here: 0.57 / 0.28 ms a layer at 1 position (0.22 by spans), 1.66 / 0.50 at 2, 2.01 / 0.88 at 4,
+# 3.29 / 1.88 at 8; 8 rows: 0.52 / 0.43 at 8 (docs/profiling.md, "Batched attention by row spans")
+ROWS = True  # False: SDPA attends every batch, the module code's bits (tests compare the rest of the lean path so)
+_COLUMNS: list = [None, None]  # the last mask read and its rows' columns: a forward's layers of one kind share a mask
 
 
-def row_spans(mask: torch.Tensor):
-    """``(starts, stops)`` (int64 arrays): each row's visible columns as one span, from a batch's additive mask
-    ``[B, 1, 1, end]`` (one query position per row); None where a row's columns are not one span."""
-    if _SPANS[0] is not mask:
-        seen = mask[:, 0, 0] == 0  # [B, end]
-        count, start = seen.sum(1), seen.int().argmax(1)
-        last = seen.shape[1] - 1 - seen.flip(1).int().argmax(1)
-        whole = bool(((last - start + 1 == count) & (count > 0)).all())
-        _SPANS[:] = [mask, (start.numpy().astype(np.int64), (last + 1).numpy().astype(np.int64)) if whole else None]
-    return _SPANS[1]
+def row_columns(mask: torch.Tensor):
+    """``(starts, stops, visible)`` for :func:`attend_rows` from a batch's additive mask ``[B, 1, n, end]``: with one
+    query position per row whose columns are one span, each row's span (``visible`` ``[B, 0, 0]``: no mask to
+    read); else every row over ``[0, end)`` with its boolean mask ``[B, n, end]``."""
+    if _COLUMNS[0] is not mask:
+        seen = mask[:, 0] == 0  # [B, n, end]
+        rows, n, end = seen.shape
+        count, start = seen[:, 0].sum(1), seen[:, 0].int().argmax(1)
+        last = end - 1 - seen[:, 0].flip(1).int().argmax(1)
+        if n == 1 and bool(((last - start + 1 == count) & (count > 0)).all()):
+            every = np.zeros((rows, 0, 0), np.bool_)
+            cols = (start.numpy().astype(np.int64), (last + 1).numpy().astype(np.int64), every)
+        else:
+            cols = (np.zeros(rows, np.int64), np.full(rows, end, np.int64), np.ascontiguousarray(seen.numpy()))
+        _COLUMNS[:] = [mask, cols]
+    return _COLUMNS[1]
 
 
 def batch_rows(q: torch.Tensor, layer, mask, scale: float) -> torch.Tensor | None:
-    """One query position per row of a batch (``q [B, H, 1, D]``, the rows' keys and values already in the
-    :class:`~specdec_cli.runtime.batch_cache.BatchLayer` ``layer``) -> ``[B, 1, H * D]``, each row reading its own
-    span of its own columns; None where this does not apply (SDPA then attends every row over the widest).
+    """A batch's rows (``q [B, H, n, D]``, ``n`` <= :data:`ROWS_MAX`; the rows' keys and values already in the
+    :class:`~specdec_cli.runtime.batch_cache.BatchLayer` ``layer``) -> ``[B, n, H * D]``, each row reading its own
+    columns alone; None where this does not apply (SDPA then attends every row over the widest prefix).
 
-    Why: SDPA attends each row over the batch's widest prefix, the padding masked, and its kernel pays per head
-    and row: 0.61 ms a layer for 32 SmolLM2 rows of 150-280 tokens on 2 threads, against 0.22 here (AMD EPYC VM;
-    docs/profiling.md, "Batched attention by row spans"). Same values up to rounding (attend's fixed order)."""
+    Why: SDPA attends each row over the batch's widest prefix, the padding masked, and its kernel pays per head and
+    row (:data:`ROWS_MAX`' figures). Each query row here is computed alone in one fixed order (:func:`attend`): the
+    same bits whatever rows are beside it, SDPA's values up to rounding."""
     keys, values = getattr(layer, "_k", None), getattr(layer, "_v", None)
-    if not COMPILED or keys is None or keys.dtype != torch.float32 or not torch.is_tensor(mask) or mask.dim() != 4:
-        return None
-    spans = row_spans(mask)
-    if spans is None:
+    if not (ROWS and COMPILED) or keys is None or keys.dtype != torch.float32 or not torch.is_tensor(mask) or mask.dim() != 4 \
+            or q.shape[2] > ROWS_MAX:
         return None
     from .dot import _pool_ready  # numba's OpenMP pool, started once from a thread of its own (runtime/dot.py)
 
-    b, heads, _, d = q.shape
-    out = torch.empty(b, 1, heads, d)
-    qr = q.transpose(1, 2).contiguous()  # [B, 1, H, D]
+    b, heads, n, d = q.shape
+    starts, stops, visible = row_columns(mask)
+    out = torch.empty(b, n, heads, d)
+    qr = q.transpose(1, 2).contiguous()  # [B, n, H, D]
     threads = min(b, torch.get_num_threads())
     if threads > 1 and _pool_ready():
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        attend_rows(qr.numpy(), keys.numpy(), values.numpy(), *spans, EVERY_COLUMN, np.float32(scale), out.numpy())
+        attend_rows(qr.numpy(), keys.numpy(), values.numpy(), starts, stops, visible, np.float32(scale), out.numpy())
     else:
         for r in range(b):
-            attend(qr[r].numpy(), keys[r].numpy(), values[r].numpy(), spans[0][r], spans[1][r], EVERY_COLUMN,
+            attend(qr[r].numpy(), keys[r].numpy(), values[r].numpy(), starts[r], stops[r], visible[r],
                    np.float32(scale), out[r].numpy())
-    return out.view(b, 1, heads * d)
+    return out.view(b, n, heads * d)
