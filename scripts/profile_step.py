@@ -62,7 +62,8 @@ def categorize(profile) -> dict[str, float]:
     for ev in profile.key_averages():
         ms = ev.self_cpu_time_total / 1000.0
         name = ev.key
-        if name in ("aten::mm", "aten::addmm", "aten::mkldnn_linear", "aten::bmm", DOT) and "attention" not in name:
+        products = ("aten::mm", "aten::addmm", "aten::mkldnn_linear", "mkldnn::_linear_pointwise", "aten::bmm", DOT)
+        if name in products and "attention" not in name:
             out["linear"] += ms
         elif name == "aten::cat":
             out["kv_append"] += ms

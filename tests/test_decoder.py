@@ -209,12 +209,14 @@ def test_a_batchs_rows_attend_their_own_columns_as_sdpa_does(threads, width, mon
     import torch.nn.functional as F
 
     from specdec_cli.runtime import attend
+    from specdec_cli.runtime.batch_cache import BatchLayer
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     torch.manual_seed(0)
     rows, heads, kv_heads, dim, capacity, end = 5, 6, 2, 16, 40, 33
-    shape = (rows, kv_heads, capacity, dim)
-    layer = SimpleNamespace(_k=torch.randn(shape), _v=torch.randn(shape))
+    layer = BatchLayer(SimpleNamespace(rows=rows, capacity=capacity))
+    layer.allocate(kv_heads, dim, torch.float32, "cpu")
+    layer._k.normal_(), layer._v.normal_()
     q = torch.randn(rows, heads, width, dim)
     spans = [(0, 7), (0, 30), (4, 12), (0, 1), (20, 30)]  # each row's prefix (or window) before its own positions
     mask = torch.full((rows, 1, width, end), float("-inf"))
@@ -232,3 +234,12 @@ def test_a_batchs_rows_attend_their_own_columns_as_sdpa_does(threads, width, mon
                                           enable_gqa=True).transpose(1, 2).reshape(rows, width, heads * dim)
     assert torch.allclose(attend.batch_rows(q, layer, holed, 0.25), want, rtol=1e-5, atol=1e-6)
     assert attend.batch_rows(torch.randn(rows, heads, attend.ROWS_MAX + 1, dim), layer, mask, 0.25) is None
+    # what the kernel cannot read as float32 CPU buffers of this batch is left to SDPA
+    assert attend.batch_rows(q.double(), layer, mask, 0.25) is None
+    assert attend.batch_rows(q[:2], layer, mask[:2], 0.25) is None  # fewer query rows than the buffer's
+    assert attend.batch_rows(q, SimpleNamespace(_k=layer._k, _v=layer._v), mask, 0.25) is None  # not a BatchLayer
+    blind = mask.clone()
+    blind[2, 0, -1] = float("-inf")  # a query position that sees nothing
+    assert attend.batch_rows(q, layer, blind, 0.25) is None
+    monkeypatch.setattr(attend, "ROWS", False)
+    assert attend.batch_rows(q, layer, mask, 0.25) is None

@@ -36,8 +36,8 @@ def test_every_strategy_computes_the_linear_product(strategy, bias):
 @pytest.mark.skipif(not products._POINTWISE, reason="this torch has no oneDNN pointwise linear")
 def test_the_packed_onednn_product_has_the_inner_products_bits():
     """``mkldnn`` multiplies dense rows by a weight packed once (no conversions per product): the bits of oneDNN's
-    inner product on converted rows, which plans and recorded outputs were measured with, from 3 rows on (a prefill's
-    products; plans use ``mkldnn`` only there)."""
+    inner product on converted rows, which plans and recorded outputs were measured with, from 3 rows on (the plans
+    of this project's machines use ``mkldnn`` from 17 rows on; at 1 row oneDNN takes another kernel)."""
     torch.manual_seed(0)
     for out_f, in_f in ((576, 576), (192, 576), (576, 1536)):
         w = torch.randn(out_f, in_f)

@@ -216,25 +216,30 @@ ROWS_MAX = 8  # query positions per row up to which a batch's rows attend here: 
 # 2 threads, SDPA / here: 0.57 / 0.28 ms a layer at 1 position (0.22 by spans), 1.66 / 0.50 at 2, 2.01 / 0.88 at 4,
 # 3.29 / 1.88 at 8; 8 rows: 0.52 / 0.43 at 8 (docs/profiling.md, "Batched attention by row spans")
 ROWS = True  # False: SDPA attends every batch, the module code's bits (tests compare the rest of the lean path so)
-_COLUMNS: list = [None, None]  # the last mask read and its rows' columns: a forward's layers of one kind share a mask
+_LAST: tuple = (None, None)  # the last mask read and its rows' columns (a forward's layers of one kind share one
+# mask, built anew each step and never changed in place); one tuple, read and replaced whole, so forwards on two
+# Python threads never pair a mask with others' columns
 
 
 def row_columns(mask: torch.Tensor):
     """``(starts, stops, visible)`` for :func:`attend_rows` from a batch's additive mask ``[B, 1, n, end]``: with one
     query position per row whose columns are one span, each row's span (``visible`` ``[B, 0, 0]``: no mask to
     read); else every row over ``[0, end)`` with its boolean mask ``[B, n, end]``."""
-    if _COLUMNS[0] is not mask:
-        seen = mask[:, 0] == 0  # [B, n, end]
-        rows, n, end = seen.shape
-        count, start = seen[:, 0].sum(1), seen[:, 0].int().argmax(1)
-        last = end - 1 - seen[:, 0].flip(1).int().argmax(1)
-        if n == 1 and bool(((last - start + 1 == count) & (count > 0)).all()):
-            every = np.zeros((rows, 0, 0), np.bool_)
-            cols = (start.numpy().astype(np.int64), (last + 1).numpy().astype(np.int64), every)
-        else:
-            cols = (np.zeros(rows, np.int64), np.full(rows, end, np.int64), np.ascontiguousarray(seen.numpy()))
-        _COLUMNS[:] = [mask, cols]
-    return _COLUMNS[1]
+    global _LAST
+    last = _LAST
+    if last[0] is mask:
+        return last[1]
+    seen = mask[:, 0] == 0  # [B, n, end]
+    rows, n, end = seen.shape
+    count, start = seen[:, 0].sum(1), seen[:, 0].int().argmax(1)
+    final = end - 1 - seen[:, 0].flip(1).int().argmax(1)
+    if n == 1 and bool(((final - start + 1 == count) & (count > 0)).all()):
+        every = np.zeros((rows, 0, 0), np.bool_)
+        cols = (start.numpy().astype(np.int64), (final + 1).numpy().astype(np.int64), every)
+    else:
+        cols = (np.zeros(rows, np.int64), np.full(rows, end, np.int64), np.ascontiguousarray(seen.numpy()))
+    _LAST = (mask, cols)
+    return cols
 
 
 def batch_rows(q: torch.Tensor, layer, mask, scale: float) -> torch.Tensor | None:
@@ -244,16 +249,22 @@ def batch_rows(q: torch.Tensor, layer, mask, scale: float) -> torch.Tensor | Non
 
     Why: SDPA attends each row over the batch's widest prefix, the padding masked, and its kernel pays per head and
     row (:data:`ROWS_MAX`' figures). Each query row here is computed alone in one fixed order (:func:`attend`): the
-    same bits whatever rows are beside it, SDPA's values up to rounding."""
-    keys, values = getattr(layer, "_k", None), getattr(layer, "_v", None)
-    if not (ROWS and COMPILED) or keys is None or keys.dtype != torch.float32 or not torch.is_tensor(mask) or mask.dim() != 4 \
-            or q.shape[2] > ROWS_MAX:
-        return None
+    same bits whatever rows are beside it (while the batch takes this path: two rows or more, none wider than
+    :data:`ROWS_MAX`, float32 on the CPU), SDPA's values up to rounding."""
     from .dot import _pool_ready  # numba's OpenMP pool, started once from a thread of its own (runtime/dot.py)
 
-    b, heads, n, d = q.shape
+    ours = getattr(layer, "MASK_COLUMNS", False)  # its buffer column c is the mask's column c (a BatchLayer)
+    if not (ROWS and COMPILED and ours) or not torch.is_tensor(mask) or mask.dim() != 4:
+        return None
+    keys, values, (b, heads, n, d) = layer._k, layer._v, q.shape
+    if keys is None or n > ROWS_MAX or not (keys.dtype == q.dtype == mask.dtype == torch.float32) \
+            or keys.device.type != "cpu" or q.device.type != "cpu" or keys.shape[0] != b or mask.shape[0] != b \
+            or mask.shape[-1] > keys.shape[2] or heads % keys.shape[1]:
+        return None  # the kernel reads float32 CPU buffers at raw addresses: anything else is SDPA's
     starts, stops, visible = row_columns(mask)
-    out = torch.empty(b, n, heads, d)
+    if visible.shape[1] and not visible.any(-1).all():
+        return None  # a query position that sees no column: SDPA's answer for it, not 0 / 0
+    out = torch.empty(b, n, heads, d, dtype=torch.float32)
     qr = q.transpose(1, 2).contiguous()  # [B, n, H, D]
     threads = min(b, torch.get_num_threads())
     if threads > 1 and _pool_ready():

@@ -36,6 +36,8 @@ from .positions import ancestor_matrix, depths
 class BatchLayer(DynamicLayer):
     """One decoder layer's keys and values for every row; writes land at each row's own length."""
 
+    MASK_COLUMNS = True  # buffer column c is column c of the batch's masks (runtime/attend.batch_rows reads them so)
+
     def __init__(self, owner: "BatchCache"):
         super().__init__()
         self.owner = owner

@@ -36,8 +36,9 @@ def apply(strategy: str, x2: torch.Tensor, weight: torch.Tensor, packed: dict) -
 
 
 # oneDNN's product on a dense input, the weight packed for it once (what inductor emits): the same bits as
-# ``mkldnn_linear`` on an oneDNN copy of the input for 3 rows and more, 10-15% less time on a prefill's products (the
-# two conversions per product are gone); where the op is missing, the inner product on converted rows
+# ``mkldnn_linear`` on an oneDNN copy of the input for 2 rows and more (not 1: oneDNN takes another kernel there; the
+# plans of docs/profiling.md pick ``mkldnn`` from 17 rows on), 10-15% less time on a prefill's products (the two
+# conversions per product are gone); where the op is missing, the inner product on converted rows
 _POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
