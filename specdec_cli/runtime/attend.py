@@ -224,19 +224,22 @@ _LAST: tuple = (None, None)  # the last mask read and its rows' columns (a forwa
 def row_columns(mask: torch.Tensor):
     """``(starts, stops, visible)`` for :func:`attend_rows` from a batch's additive mask ``[B, 1, n, end]``: with one
     query position per row whose columns are one span, each row's span (``visible`` ``[B, 0, 0]``: no mask to
-    read); else every row over ``[0, end)`` with its boolean mask ``[B, n, end]``."""
+    read); else every row over ``[0, end)`` with its boolean mask ``[B, n, end]``. None where a query position sees
+    no column (SDPA's answer for it, not 0 / 0)."""
     global _LAST
     last = _LAST
     if last[0] is mask:
         return last[1]
     seen = mask[:, 0] == 0  # [B, n, end]
     rows, n, end = seen.shape
-    count, start = seen[:, 0].sum(1), seen[:, 0].int().argmax(1)
-    final = end - 1 - seen[:, 0].flip(1).int().argmax(1)
-    if n == 1 and bool(((final - start + 1 == count) & (count > 0)).all()):
-        every = np.zeros((rows, 0, 0), np.bool_)
-        cols = (start.numpy().astype(np.int64), (final + 1).numpy().astype(np.int64), every)
-    else:
+    cols = None
+    if n == 1:
+        count, start = seen[:, 0].sum(1), seen[:, 0].int().argmax(1)
+        final = end - 1 - seen[:, 0].flip(1).int().argmax(1)
+        if bool(((final - start + 1 == count) & (count > 0)).all()):
+            every = np.zeros((rows, 0, 0), np.bool_)
+            cols = (start.numpy().astype(np.int64), (final + 1).numpy().astype(np.int64), every)
+    if cols is None and bool(seen.any(-1).all()):
         cols = (np.zeros(rows, np.int64), np.full(rows, end, np.int64), np.ascontiguousarray(seen.numpy()))
     _LAST = (mask, cols)
     return cols
@@ -251,7 +254,7 @@ def batch_rows(q: torch.Tensor, layer, mask, scale: float) -> torch.Tensor | Non
     row (:data:`ROWS_MAX`' figures). Each query row here is computed alone in one fixed order (:func:`attend`): the
     same bits whatever rows are beside it (while the batch takes this path: two rows or more, none wider than
     :data:`ROWS_MAX`, float32 on the CPU), SDPA's values up to rounding."""
-    from .dot import _pool_ready  # numba's OpenMP pool, started once from a thread of its own (runtime/dot.py)
+    from .dot import on_pool  # numba's OpenMP pool, started once from a thread of its own (runtime/dot.py)
 
     ours = getattr(layer, "MASK_COLUMNS", False)  # its buffer column c is the mask's column c (a BatchLayer)
     if not (ROWS and COMPILED and ours) or not torch.is_tensor(mask) or mask.dim() != 4:
@@ -261,14 +264,14 @@ def batch_rows(q: torch.Tensor, layer, mask, scale: float) -> torch.Tensor | Non
             or keys.device.type != "cpu" or q.device.type != "cpu" or keys.shape[0] != b or mask.shape[0] != b \
             or mask.shape[-1] > keys.shape[2] or heads % keys.shape[1]:
         return None  # the kernel reads float32 CPU buffers at raw addresses: anything else is SDPA's
-    starts, stops, visible = row_columns(mask)
-    if visible.shape[1] and not visible.any(-1).all():
-        return None  # a query position that sees no column: SDPA's answer for it, not 0 / 0
+    cols = row_columns(mask)
+    if cols is None:
+        return None
+    starts, stops, visible = cols
     out = torch.empty(b, n, heads, d, dtype=torch.float32)
     qr = q.transpose(1, 2).contiguous()  # [B, n, H, D]
     threads = min(b, torch.get_num_threads())
-    if threads > 1 and _pool_ready():
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    if threads > 1 and on_pool(threads):
         attend_rows(qr.numpy(), keys.numpy(), values.numpy(), starts, stops, visible, np.float32(scale), out.numpy())
     else:
         for r in range(b):

@@ -88,8 +88,7 @@ def dot_rows_threads(x, w, y, threads: int, fmt: int = F32) -> None:
     if len(parts) < 2:
         dot_rows_span(x, w, y, 0, w.shape[0], fmt)
         return
-    if COMPILED and _pool_ready():  # on as many of numba's threads as ranges (the rest would wake for nothing)
-        numba.set_num_threads(min(len(parts), numba.config.NUMBA_NUM_THREADS))  # this Python thread's setting
+    if on_pool(len(parts)):  # on as many of numba's threads as ranges (the rest would wake for nothing)
         dot_rows_parts(x, w, y, _cuts(w.shape[0], threads), fmt)
         return
     with _MAKING:  # forwards from several Python threads must not replace the executor under one another
@@ -111,6 +110,15 @@ def _cuts(n_out: int, threads: int) -> np.ndarray:
     """:func:`spans`' boundaries as ``dot_rows_parts`` takes them (one array per shape and thread count, reused)."""
     parts = spans(n_out, threads)
     return np.array([j0 for j0, _ in parts] + [parts[-1][1]], np.int64)
+
+
+def on_pool(threads: int) -> bool:
+    """Whether a ``prange`` kernel may run on numba's OpenMP pool (:func:`_pool_ready`); if so, on ``threads`` of its
+    threads from now on in this Python thread (numba's setting is per thread)."""
+    if not (COMPILED and _pool_ready()):
+        return False
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    return True
 
 
 def _pool_ready() -> bool:
