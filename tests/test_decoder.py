@@ -214,7 +214,8 @@ def test_a_batchs_rows_attend_their_own_columns_as_sdpa_does(threads, width, mon
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     torch.manual_seed(0)
     rows, heads, kv_heads, dim, capacity, end = 5, 6, 2, 16, 40, 33
-    layer = BatchLayer(SimpleNamespace(rows=rows, capacity=capacity))
+    owner = SimpleNamespace(rows=rows, capacity=capacity, own_columns=True)
+    layer = BatchLayer(owner)
     layer.allocate(kv_heads, dim, torch.float32, "cpu")
     layer._k.normal_(), layer._v.normal_()
     q = torch.randn(rows, heads, width, dim)
@@ -241,5 +242,8 @@ def test_a_batchs_rows_attend_their_own_columns_as_sdpa_does(threads, width, mon
     blind = mask.clone()
     blind[2, 0, -1] = float("-inf")  # a query position that sees nothing
     assert attend.batch_rows(q, layer, blind, 0.25) is None
+    owner.own_columns = False  # a sampled batch's cache: SDPA's bits
+    assert attend.batch_rows(q, layer, mask, 0.25) is None
+    owner.own_columns = True
     monkeypatch.setattr(attend, "ROWS", False)
     assert attend.batch_rows(q, layer, mask, 0.25) is None

@@ -105,7 +105,8 @@ def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed,
     rows = min(len(drafters), len(prompts))
     drafters.open(rows)
     chosen = drafters.cache_mode  # None: a drafter made outside api.make_drafter, "auto" as api.run reads it
-    cache = new_batch_cache(target, rows, capacity, resolve("auto" if chosen is None else chosen, target))
+    cache = new_batch_cache(target, rows, capacity, resolve("auto" if chosen is None else chosen, target),
+                            exact=not sampling.greedy)
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab, clock = vocab_size(target), forward.wall_clock(target)
@@ -145,12 +146,15 @@ def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed,
     return results
 
 
-def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode) -> KVCache:
+def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode, exact: bool = False) -> KVCache:
     """The cache of a batch: one row is the one-sequence cache of the drafters' engine path (growing, or static and
-    compiled: the path the single loop takes), several are a :class:`BatchCache` -- the loop asks either the same."""
+    compiled: the path the single loop takes), several are a :class:`BatchCache` -- the loop asks either the same.
+    ``exact``: the rows attend with SDPA's bits, the module code's (sampled batches: a draw near a tie then never
+    moves with attention's rounding, so a seed gives the same output at every batch size); greedy rows attend their
+    own columns (faster; their outputs are ``ar``'s, asserted)."""
     if rows == 1:
         return forward.new_cache(target, capacity, cache_mode)
-    return BatchCache(target, rows, capacity)
+    return BatchCache(target, rows, capacity, own_columns=not exact)
 
 
 def _compact(cache, slots: list) -> None:

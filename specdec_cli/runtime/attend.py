@@ -256,7 +256,8 @@ def batch_rows(q: torch.Tensor, layer, mask, scale: float) -> torch.Tensor | Non
     :data:`ROWS_MAX`, float32 on the CPU), SDPA's values up to rounding."""
     from .dot import on_pool  # numba's OpenMP pool, started once from a thread of its own (runtime/dot.py)
 
-    ours = getattr(layer, "MASK_COLUMNS", False)  # its buffer column c is the mask's column c (a BatchLayer)
+    # a BatchLayer (its buffer column c is the mask's column c) of a cache whose rows may attend alone (greedy)
+    ours = getattr(layer, "MASK_COLUMNS", False) and getattr(layer.owner, "own_columns", False)
     if not (ROWS and COMPILED and ours) or not torch.is_tensor(mask) or mask.dim() != 4:
         return None
     keys, values, (b, heads, n, d) = layer._k, layer._v, q.shape

@@ -114,8 +114,12 @@ class BatchCache(KVCache):
 
     mode = CacheMode.EAGER
 
-    def __init__(self, model, rows: int, capacity: int):
+    def __init__(self, model, rows: int, capacity: int, *, own_columns: bool = True):
         self.rows, self.capacity = int(rows), int(capacity)
+        # True: each row may attend its own columns alone (runtime/attend.batch_rows: faster, SDPA's values up to
+        # rounding); False: SDPA's bits, the module code's exactly (a sampled batch: its draws, and so its counts,
+        # are then the same at every batch size and in every release)
+        self.own_columns = own_columns
         self.lengths = [0] * self.rows
         self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None
         self.write_end = 0
