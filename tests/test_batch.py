@@ -177,26 +177,34 @@ def test_every_sequence_of_a_batch_is_its_own_ar_output(make, temperature):
             assert [r.tokens for r in results] == expected
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_only_greedy_rows_attend_their_own_columns(temperature, monkeypatch):
+@pytest.mark.parametrize("case", ["greedy", "sampled", "greedy, a draft copying the target"])
+def test_only_greedy_rows_attend_their_own_columns(case, monkeypatch):
     """A sampled batch attends with SDPA's bits, the module code's: a draw near a tie never moves with attention's
-    rounding, so its counts are the same at every batch size (scripts/counts.sh, --batch-size 4). Greedy rows take
-    runtime/attend.batch_rows where numba compiles (their outputs are ar's, asserted above)."""
+    rounding, so its counts are the same at every batch size (scripts/counts.sh, --batch-size 4). So does a batch
+    whose draft model copies the target's keys and values (an entropy window cut from the draft's logits would
+    move too). Other greedy rows take runtime/attend.batch_rows where numba compiles (their outputs are ar's)."""
+    from specdec_cli.io.models import LoadedModel
+    from specdec_cli.methods.sd import SpeculativeSampling
     from specdec_cli.runtime import attend
     from specdec_cli.runtime.jit import COMPILED
 
-    model = tiny_llama(vocab=VOCAB)
+    model = tiny_llama(vocab=VOCAB, seed=0)
     rng = random.Random(2)
     prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 6)]
     seen, real = [], attend.batch_rows
     monkeypatch.setattr(attend, "batch_rows", lambda *a: seen.append(real(*a)) or seen[-1])
-    generate_batch(model, prompts, [RandomTrees() for _ in range(3)], max_new_tokens=12,
-                   sampling=SamplingConfig(temperature), seed=3)
-    assert seen  # batched forwards asked
-    if temperature:
-        assert all(r is None for r in seen)
+    if case.endswith("target"):
+        copy = LoadedModel(tiny_llama(vocab=VOCAB, seed=0), None, "tiny-copy", False, info={"copy_of_target": True})
+        drafters = [SpeculativeSampling(copy, VOCAB, 3) for _ in range(3)]
     else:
+        drafters = [RandomTrees() for _ in range(3)]
+    results = generate_batch(model, prompts, drafters, max_new_tokens=12,
+                             sampling=SamplingConfig(0.9 if case == "sampled" else 0.0), seed=3)
+    assert seen and len(results) == 3  # batched forwards asked
+    if case == "greedy":
         assert not COMPILED or any(r is not None for r in seen)
+    else:
+        assert all(r is None for r in seen)
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])

@@ -67,6 +67,7 @@ class DraftModel:
         self.capacity = cache.companion_capacity() * (2 if self.bridge is not None else 1)  # its tokens may be more
         if self.loaded.info.get("copy_of_target") and self.bridge is None:  # its rows are the target's rows
             self.target_cache = cache
+            cache.keep_module_bits()  # ... as the module code writes them (a batch's: not batch_rows' rounding)
         # The buckets bench compiled for this model are called in its own cache now (under CUDA graphs: recorded),
         # in the first generation -- bench's untimed warm-up -- not in a timed draft step: on an H200, compiled
         # `auto` with a bf16: draft spent 4.0 s in 4 draft steps where it first needed larger buckets (docs/gpu.md).

@@ -117,14 +117,18 @@ class BatchCache(KVCache):
     def __init__(self, model, rows: int, capacity: int, *, own_columns: bool = True):
         self.rows, self.capacity = int(rows), int(capacity)
         # True: each row may attend its own columns alone (runtime/attend.batch_rows: faster, SDPA's values up to
-        # rounding); False: SDPA's bits, the module code's exactly (a sampled batch: its draws, and so its counts,
-        # are then the same at every batch size and in every release)
+        # rounding); False: SDPA's bits, the module code's exactly (a sampled batch, or one whose draft model copies
+        # the target's keys and values: its draws and drafts, and so its counts, are then the same at every batch
+        # size and in every release)
         self.own_columns = own_columns
         self.lengths = [0] * self.rows
         self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None
         self.write_end = 0
         n_layers = len(layer_windows(model.config)) or model.config.get_text_config().num_hidden_layers
         super().__init__(layers=[BatchLayer(self) for _ in range(n_layers)])
+
+    def keep_module_bits(self) -> None:
+        self.own_columns = False
 
     @property
     def max_length(self) -> int:

@@ -59,6 +59,12 @@ class KVCache(Cache):
         """The capacity to ask for a cache of another model on the same path (a draft model's)."""
         raise NotImplementedError
 
+    def keep_module_bits(self) -> None:
+        """A draft model that copies this cache's keys and values (a copy of the target) reads them from here:
+        every forward from now on writes them as the module code does (a batch's rows stop attending their own
+        columns, runtime/attend.batch_rows), so the draft's logits -- and the drafts an entropy window or a
+        threshold cuts from them -- are the same at every batch size. One sequence's cache always does."""
+
     def crop_to(self, length: int) -> None:
         """Roll back to the first ``length`` entries (transformers v5: ``crop(-n)`` removes ``n``)."""
         excess = self.length - length
@@ -144,6 +150,9 @@ class RowView:
 
     def companion_capacity(self) -> int:
         return MIN_CAPACITY
+
+    def keep_module_bits(self) -> None:
+        self.cache.keep_module_bits()
 
 
 class _RowLayer:
