@@ -215,7 +215,8 @@ def run_batch(target: LoadedModel, prompts: list[list[int]], drafters: Drafters 
     if drafters.slots[0].budget.mode.adaptive and rows > 1:  # priced with measured batch forwards (one row
         from .runtime.batch_profile import batch_times_for  # decodes in its one-sequence cache: its own profile)
 
-        times = batch_times_for(target.model, rows, progress=note)
+        # sampled: timed on SDPA, the path its rows take (a greedy batch also corrects its table as it runs)
+        times = batch_times_for(target.model, rows, progress=note, exact=not settings.sampling.greedy)
     return generate_batch(target.model, prompts, drafters, max_new_tokens=settings.max_new_tokens,
                           sampling=settings.sampling, seed=settings.seed, stop_ids=target.stop_ids,
                           on_result=on_result, on_step=on_step, times=times)

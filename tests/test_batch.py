@@ -180,7 +180,7 @@ def test_every_sequence_of_a_batch_is_its_own_ar_output(make, temperature):
 @pytest.mark.parametrize("case", ["greedy", "sampled", "greedy, a draft copying the target"])
 def test_only_greedy_rows_attend_their_own_columns(case, monkeypatch):
     """A sampled batch attends with SDPA's bits, the module code's: a draw near a tie never moves with attention's
-    rounding, so its counts are the same at every batch size (scripts/counts.sh, --batch-size 4). So does a batch
+    rounding, so its counts match at B = 1 and 4 (scripts/counts.sh, --batch-size 1,4). So does a batch
     whose draft model copies the target's keys and values (an entropy window cut from the draft's logits would
     move too). Other greedy rows take runtime/attend.batch_rows where numba compiles (their outputs are ar's)."""
     from specdec_cli.io.models import LoadedModel
@@ -191,8 +191,9 @@ def test_only_greedy_rows_attend_their_own_columns(case, monkeypatch):
     model = tiny_llama(vocab=VOCAB, seed=0)
     rng = random.Random(2)
     prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 6)]
-    seen, real = [], attend.batch_rows
-    monkeypatch.setattr(attend, "batch_rows", lambda *a: seen.append(real(*a)) or seen[-1])
+    seen, own, real = [], [], attend.batch_rows
+    monkeypatch.setattr(attend, "batch_rows", lambda *a: own.append(a[1].owner.own_columns) or seen.append(real(*a))
+                        or seen[-1])
     if case.endswith("target"):
         copy = LoadedModel(tiny_llama(vocab=VOCAB, seed=0), None, "tiny-copy", False, info={"copy_of_target": True})
         drafters = [SpeculativeSampling(copy, VOCAB, 3) for _ in range(3)]
@@ -202,9 +203,9 @@ def test_only_greedy_rows_attend_their_own_columns(case, monkeypatch):
                              sampling=SamplingConfig(0.9 if case == "sampled" else 0.0), seed=3)
     assert seen and len(results) == 3  # batched forwards asked
     if case == "greedy":
-        assert not COMPILED or any(r is not None for r in seen)
+        assert all(own) and (not COMPILED or any(r is not None for r in seen))
     else:
-        assert all(r is None for r in seen)
+        assert not any(own) and all(r is None for r in seen)
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
@@ -376,6 +377,32 @@ def test_batch_times_interpolate_between_measured_row_counts():
     assert times(2, 1) == pytest.approx(1.0 + (2.0 - 1.0) / 3)
     assert times(8, 1) == pytest.approx(4.0)  # beyond the largest measured batch: linear in rows
     assert times(4, 16) == pytest.approx(32.0)  # beyond the widths: proportional to the tokens
+
+
+def test_a_sampled_batch_is_priced_by_forwards_timed_on_its_own_path(tmp_path, monkeypatch):
+    """A sampled batch attends with SDPA, a greedy one by row spans: each is priced by a table timed on that path,
+    cached under a key of its own."""
+    from specdec_cli.runtime import batch_profile
+
+    model = tiny_llama(vocab=VOCAB)
+    made, real_cache = [], batch_profile.BatchCache
+    monkeypatch.setattr(batch_profile, "BatchCache", lambda *a, **k: made.append(real_cache(*a, **k)) or made[-1])
+    for exact in (False, True):  # the real timing, on a tiny model: the cache it times is on the asked path
+        assert len(batch_profile.measure_rows(model, 2, context=8, exact=exact)) == len(batch_profile.WIDTHS)
+    assert [c.own_columns for c in made] == [True, False]
+    monkeypatch.setattr(batch_profile, "_path", lambda key: tmp_path / (str(abs(hash(key))) + ".json"))
+    timed = []
+
+    def fake(model, rows, context=0, exact=False):
+        timed.append((rows, exact))
+        return [(2.0 if exact else 1.0) * w for w in batch_profile.WIDTHS]
+
+    monkeypatch.setattr(batch_profile, "measure_rows", fake)
+    greedy, sampled = batch_profile.batch_times_for(model, 2), batch_profile.batch_times_for(model, 2, exact=True)
+    assert sorted(timed) == [(1, False), (1, True), (2, False), (2, True)]
+    assert sampled(2, 1) == pytest.approx(2 * greedy(2, 1))
+    batch_profile.batch_times_for(model, 2, exact=True)  # cached: timed once per path
+    assert len(timed) == 4
 
 
 # --- real model: every method batched ---------------------------------------------------------------------------

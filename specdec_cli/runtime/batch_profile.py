@@ -26,7 +26,8 @@ from ..io.atomic import write_cache
 from ..io.jsonl import read_json
 
 WIDTHS = (1, 2, 3, 4, 6, 8)
-VERSION = 2
+VERSION = 3  # 3: a greedy batch's rows attend their own columns (runtime/attend.batch_rows), a sampled one's SDPA:
+# each is timed on its own path (tables of version 2 timed SDPA, or batch_rows, under one key)
 
 
 class BatchTimes:
@@ -58,14 +59,15 @@ class BatchTimes:
 
 
 @torch.inference_mode()
-def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
-    """Seconds of one batched forward per width of :data:`WIDTHS`, ``rows`` rows of ``context`` cached tokens."""
+def measure_rows(model, rows: int, context: int = CONTEXT, exact: bool = False) -> list[float]:
+    """Seconds of one batched forward per width of :data:`WIDTHS`, ``rows`` rows of ``context`` cached tokens;
+    ``exact``: with SDPA's attention, the path a sampled batch takes (``BatchCache(own_columns=False)``)."""
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (context + max(WIDTHS) + 1,), generator=gen).tolist()
     single = forward.new_cache(model, context + CACHE_SLACK)  # the context, prefilled once and copied into every row
     forward.forward_chain(model, single, ctx[:context], keep=0)
-    cache = BatchCache(model, rows, context + max(WIDTHS) + CACHE_SLACK)  # the widest timed forward fits
+    cache = BatchCache(model, rows, context + max(WIDTHS) + CACHE_SLACK, own_columns=not exact)  # widest fits
     for row in range(rows):
         cache.load_row(row, single, context)
 
@@ -85,12 +87,13 @@ def measure_rows(model, rows: int, context: int = CONTEXT) -> list[float]:
     return list(np.maximum.accumulate(best))
 
 
-def batch_times_for(model, max_rows: int, progress=None) -> BatchTimes:
-    """The cached ``T(rows, width)`` for row counts 1, 2, 4, ... up to ``max_rows``, measured now where missing."""
+def batch_times_for(model, max_rows: int, progress=None, exact: bool = False) -> BatchTimes:
+    """The cached ``T(rows, width)`` for row counts 1, 2, 4, ... up to ``max_rows``, measured now where missing;
+    ``exact``: of the forward a sampled batch runs (SDPA's attention, :func:`measure_rows`)."""
     counts = sorted({min(2 ** k, max_rows) for k in range(max(max_rows, 1).bit_length() + 1)})
     tables = {}
     for rows in counts:
-        key = model_key(model, f"|batch={rows}|v{VERSION}")
+        key = model_key(model, f"|batch={rows}|{'sdpa' if exact else 'rows'}|v{VERSION}")
         try:
             data = read_json(_path(key))
             if data.get("key") == key and len(data["seconds"]) == len(WIDTHS):
@@ -100,6 +103,6 @@ def batch_times_for(model, max_rows: int, progress=None) -> BatchTimes:
             pass
         if progress:
             progress(f"measuring batched forward times for {rows} rows (once per model and thread count)")
-        tables[rows] = measure_rows(model, rows)
+        tables[rows] = measure_rows(model, rows, exact=exact)
         write_cache(_path(key), json.dumps({"key": key, "rows": rows, "widths": WIDTHS, "seconds": tables[rows]}))
     return BatchTimes(tables)
