@@ -150,9 +150,9 @@ def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode, exa
     """The cache of a batch: one row is the one-sequence cache of the drafters' engine path (growing, or static and
     compiled: the path the single loop takes), several are a :class:`BatchCache` -- the loop asks either the same.
     ``exact``: the rows attend with SDPA's bits, the module code's (sampled batches: a draw near a tie then never
-    moves with attention's rounding, whatever the batch size); greedy rows attend their
-    own columns (faster; their outputs are ``ar``'s, asserted) unless a draft model copying the target's keys and
-    values asks for the module code's (``KVCache.keep_module_bits``)."""
+    moves with attention's rounding, whatever the batch size); greedy rows attend their own columns (faster; their
+    outputs are ``ar``'s, asserted) unless a draft model copying the target's keys and values asks for the module
+    code's (``KVCache.keep_module_bits``)."""
     if rows == 1:
         return forward.new_cache(target, capacity, cache_mode)
     return BatchCache(target, rows, capacity, own_columns=not exact)

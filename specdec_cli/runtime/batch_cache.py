@@ -118,8 +118,8 @@ class BatchCache(KVCache):
         self.rows, self.capacity = int(rows), int(capacity)
         # True: each row may attend its own columns alone (runtime/attend.batch_rows: faster, SDPA's values up to
         # rounding); False: SDPA's bits, the module code's exactly (a sampled batch, or one whose draft model copies
-        # the target's keys and values: its draws and drafts, and so its counts, are then the same at every batch
-        # size and in every release)
+        # the target's keys and values: its draws and drafts then never move with attention's rounding, so its
+        # counts match the code before batch_rows at B = 1 and 4, scripts/counts.sh)
         self.own_columns = own_columns
         self.lengths = [0] * self.rows
         self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -63,7 +63,8 @@ class KVCache(Cache):
         """A draft model that copies this cache's keys and values (a copy of the target) reads them from here:
         every forward from now on writes them as the module code does (a batch's rows stop attending their own
         columns, runtime/attend.batch_rows), so the draft's logits -- and the drafts an entropy window or a
-        threshold cuts from them -- follow the module code's whatever the batch size. One sequence's cache always does."""
+        threshold cuts from them -- follow the module code's whatever the batch size. One sequence's cache
+        always does."""
 
     def crop_to(self, length: int) -> None:
         """Roll back to the first ``length`` entries (transformers v5: ``crop(-n)`` removes ``n``)."""

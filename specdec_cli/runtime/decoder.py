@@ -19,8 +19,8 @@ that was a third of SmolLM2-135M's step (30 thin layers). This forward does per 
 
 Only forwards of at most :data:`MAX_ROWS` query rows of one sequence use it (decoding and verification); a prefill
 runs the model's own forward, where the products dominate. A batch's step (:func:`run_rows`) runs here whatever its
-``rows x width``: its products are many rows, but its per-layer calls are as many as one sequence's (a greedy batch's
-attention each row's own columns, :func:`~specdec_cli.runtime.attend.batch_rows`: module code's up to rounding). A 16-bit model
+``rows x width``: its products are many rows, but its per-layer calls are as many as one sequence's (a greedy
+batch's attention: each row's own columns, :func:`~.attend.batch_rows`: module code's up to rounding). A 16-bit model
 (:mod:`specdec_cli.runtime.kernels16`) is the exception, *wide*: the float32 model with 16-bit weights, so every
 forward of it, prefills included, runs here with float32 activations, norms, rotary tables, masks and KV cache (the
 embedding rows and norm weights widened exactly; a prefill's products may round their rows to 16 bits where the CPU
