@@ -152,10 +152,11 @@ def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode, exa
     ``exact``: the rows attend with SDPA's bits, the module code's (sampled batches: a draw near a tie then never
     moves with attention's rounding, whatever the batch size); greedy rows attend their own columns (faster; their
     outputs are ``ar``'s, asserted) unless a draft model copying the target's keys and values asks for the module
-    code's (``KVCache.keep_module_bits``)."""
+    code's (``KVCache.keep_module_bits``). A greedy batch's forward returns its rows' argmaxes where the head's
+    screen proves them (:mod:`specdec_cli.runtime.head_screen`: the float32 logits' own argmax, faster)."""
     if rows == 1:
         return forward.new_cache(target, capacity, cache_mode)
-    return BatchCache(target, rows, capacity, own_columns=not exact)
+    return BatchCache(target, rows, capacity, own_columns=not exact, greedy=not exact)
 
 
 def _compact(cache, slots: list) -> None:

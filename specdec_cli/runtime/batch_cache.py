@@ -114,13 +114,14 @@ class BatchCache(KVCache):
 
     mode = CacheMode.EAGER
 
-    def __init__(self, model, rows: int, capacity: int, *, own_columns: bool = True):
+    def __init__(self, model, rows: int, capacity: int, *, own_columns: bool = True, greedy: bool = False):
         self.rows, self.capacity = int(rows), int(capacity)
         # True: each row may attend its own columns alone (runtime/attend.batch_rows: faster, SDPA's values up to
         # rounding); False: SDPA's bits, the module code's exactly (a sampled batch, or one whose draft model copies
         # the target's keys and values: its draws and drafts then never move with attention's rounding, so its
         # counts match the code before batch_rows at B = 1 and 4, scripts/counts.sh)
         self.own_columns = own_columns
+        self.greedy = greedy  # only the rows' argmaxes are read: forward_rows may return tokens (runtime/head_screen)
         self.lengths = [0] * self.rows
         self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None
         self.write_end = 0
@@ -207,7 +208,8 @@ class BatchCache(KVCache):
 
     @torch.inference_mode()
     def forward_rows(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-        """One forward over every row, each at its own length (module doc); logits ``[len(tokens), V]`` per row."""
+        """One forward over every row, each at its own length (module doc); logits ``[len(tokens), V]`` per row
+        (a greedy cache: their argmaxes, :class:`~specdec_cli.runtime.head_screen.GreedyRows`, where proven)."""
         if len(drafts) != self.rows:
             raise ValueError(f"a batched forward takes one draft per row: {len(drafts)} for {self.rows} rows")
         width = max(len(tokens) for tokens, _ in drafts)
@@ -228,7 +230,7 @@ class BatchCache(KVCache):
         self.write_index = (torch.arange(self.rows)[:, None].to(dev), (starts[:, None] + torch.arange(width)).to(dev))
         self.write_end = self.max_length + width
         masks = self.masks(model, starts, anc, q_pos, self.write_end)
-        logits = decoder.run_rows(self, model, ids.to(dev), q_pos.to(dev), masks, real.to(dev))
+        logits = decoder.run_rows(self, model, ids.to(dev), q_pos.to(dev), masks, real.to(dev), self.greedy)
         if logits is None:  # no lean path for this model: transformers' module code, cut to the real positions
             with kernels.active(), real_rows_only(model, real.to(dev)):
                 logits = model(input_ids=ids.to(dev), past_key_values=self, use_cache=True,

@@ -26,8 +26,9 @@ from ..io.atomic import write_cache
 from ..io.jsonl import read_json
 
 WIDTHS = (1, 2, 3, 4, 6, 8)
-VERSION = 3  # 3: a greedy batch's rows attend their own columns (runtime/attend.batch_rows), a sampled one's SDPA:
-# each is timed on its own path (tables of version 2 timed SDPA, or batch_rows, under one key)
+VERSION = 4  # 4: a greedy batch's head is screened (runtime/head_screen); 3: a greedy batch's rows attend their own
+# columns (runtime/attend.batch_rows), a sampled one's SDPA: each is timed on its own path (tables of version 2
+# timed SDPA, or batch_rows, under one key)
 
 
 class BatchTimes:
@@ -67,7 +68,8 @@ def measure_rows(model, rows: int, context: int = CONTEXT, exact: bool = False) 
     ctx = torch.randint(0, vocab, (context + max(WIDTHS) + 1,), generator=gen).tolist()
     single = forward.new_cache(model, context + CACHE_SLACK)  # the context, prefilled once and copied into every row
     forward.forward_chain(model, single, ctx[:context], keep=0)
-    cache = BatchCache(model, rows, context + max(WIDTHS) + CACHE_SLACK, own_columns=not exact)  # widest fits
+    cache = BatchCache(model, rows, context + max(WIDTHS) + CACHE_SLACK, own_columns=not exact,
+                       greedy=not exact)  # the widest fits
     for row in range(rows):
         cache.load_row(row, single, context)
 

@@ -33,20 +33,20 @@ transformers' ``generate``.
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import torch
 import torch.nn.functional as F
 
 from . import attend, blocks, fused, kernels
+from .head_screen import GreedyRows, screen_for
 from .kernels16 import any_order, is_wide
 from .layer_ops import Layer, gemma_norm, llama_norm, norm_weights, rotate
+from .lean_models import ARCHS, supported, text_config as _text_config
 from .masks import CAUSAL, causal_full_layers, layer_windows, masks_to, plain_causal
 from .positions import chain_parents, is_chain
 
 MAX_ROWS = 64
-ARCHS = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3"}
 
 
 class Decoder:
@@ -103,14 +103,15 @@ class Decoder:
 
     @torch.inference_mode()
     def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask, keep: int | None,
-                real: torch.Tensor | None = None) -> torch.Tensor:
+                real: torch.Tensor | None = None, greedy: bool = False) -> torch.Tensor | GreedyRows:
         """Logits ``[rows, V]`` (float32) for ``ids`` ``[n]`` at ``positions`` ``[n]`` after the cached prefix;
         ``mask``: None (one row, or rows that may see every visible entry) or the cache's 4-D additive mask (a
         dict per layer type where full and sliding-window layers mix); ``keep``: the last rows to return.
 
         Batched (a :class:`~specdec_cli.runtime.batch_cache.BatchCache`, not a wide model): ``ids`` and
         ``positions`` ``[B, n]``, one row per sequence padded to the widest, the mask ``[B, 1, n, end]``, and
-        ``real`` ``[B, n]`` the positions that hold tokens: their logits alone, in row order (``[sum(real), V]``).
+        ``real`` ``[B, n]`` the positions that hold tokens: their logits alone, in row order (``[sum(real), V]``),
+        or with ``greedy`` (only argmaxes are read) their tokens where :mod:`.head_screen` proves them.
         Every product runs once over all ``B * n`` positions, attention once per layer over the batch."""
         ids, positions = (ids, positions) if ids.dim() == 2 else (ids.unsqueeze(0), positions.unsqueeze(0))
         assert ids.shape == positions.shape and (ids.shape[0] == 1 or not self.wide), "wide models: one sequence"
@@ -145,7 +146,10 @@ class Decoder:
             if keep == 0:
                 return x.new_empty(0, self.vocab, dtype=torch.float32)
             x = x[:, -keep:]
-        logits = self.lm_head(norm(x, self.final_norm))
+        x = norm(x, self.final_norm)
+        if greedy and (screen := screen_for(self)) is not None and (tokens := screen.tokens(x[0])) is not None:
+            return GreedyRows(tokens)
+        logits = self.lm_head(x)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits[0].float()
@@ -239,17 +243,19 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
     return logits[:0] if fed else logits
 
 
-def run_rows(cache, model, ids: torch.Tensor, positions: torch.Tensor, masks, real: torch.Tensor) -> torch.Tensor | None:
+def run_rows(cache, model, ids: torch.Tensor, positions: torch.Tensor, masks, real: torch.Tensor,
+             greedy: bool = False) -> torch.Tensor | GreedyRows | None:
     """One forward of a batch (:meth:`specdec_cli.runtime.batch_cache.BatchCache.forward_rows`: ``ids``, ``positions``
     and ``real`` ``[B, n]``, ``masks`` its additive masks) by the lean path: logits ``[sum(real), V]`` of the real
     positions in row order, or None when ``model`` has no lean path or is wide (its exact attention and compiled
     layers serve one sequence). The same products, masks and attention as the module code, without its per-call
-    machinery (a forward of ``B`` rows calls each module once, as one sequence's does)."""
+    machinery (a forward of ``B`` rows calls each module once, as one sequence's does). ``greedy``: the tokens
+    instead where the head's screen proves them (:mod:`.head_screen`)."""
     dec = decoder_for(model)
     if dec is None or dec.wide:
         return None
     with kernels.active():
-        return dec.forward(cache, ids, positions, masks, None, real=real)
+        return dec.forward(cache, ids, positions, masks, None, real=real, greedy=greedy)
 
 
 def takes_every_forward(model) -> bool:
@@ -261,40 +267,3 @@ def takes_every_forward(model) -> bool:
 def disable(model) -> None:
     """Run this model's forwards through transformers' own module code (``--kernels torch``)."""
     _DECODERS[model] = None
-
-
-def supported(model) -> bool:
-    """Whether this module computes what ``model``'s own forward computes: a known architecture on one device (no
-    accelerate hooks), SDPA attention, rotary tables that do not depend on the sequence's length, no options the
-    lean path does not implement."""
-    kind = ARCHS.get(type(model).__name__)
-    if kind is None:
-        return False
-    cfg = _text_config(model)
-    if getattr(cfg, "_attn_implementation", None) != "sdpa":  # eager differs in bf16; others are other kernels
-        return False
-    if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "use_bidirectional_attention", False):
-        return False
-    if kind == "llama" and getattr(cfg, "pretraining_tp", 1) != 1:
-        return False
-    if not _static_rope(getattr(cfg, "rope_parameters", None)):
-        return False
-    if len(set(getattr(model, "hf_device_map", {}).values())) > 1 or \
-            any(hasattr(m, "_hf_hook") for m in model.modules()):  # split across devices, or offloaded
-        return False
-    scaling = getattr(model.model.layers[0].self_attn, "scaling", None)
-    return scaling is not None and not math.isnan(scaling) and hasattr(model, "lm_head")
-
-
-def _text_config(model):
-    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-
-
-def _static_rope(params) -> bool:
-    """Whether the rotary embedding of every position is fixed (``dynamic``/``longrope`` rescale with the length,
-    so a table made once would be wrong). ``params``: the config's ``rope_parameters`` (per layer type for Gemma)."""
-    if not params:
-        return True
-    kinds = [params] if "rope_type" in params or "rope_theta" in params else list(params.values())
-    return not any(k and ("dynamic" in str(k.get("rope_type", "")) or k.get("rope_type") == "longrope")
-                   for k in kinds)

@@ -1,0 +1,111 @@
+"""The greedy head's screen (runtime/head_screen): the tokens it returns are the argmax of the float32 logits, it
+sends near-ties back to the float32 head, and a greedy batch that uses it is still its own ``ar`` output."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec_cli.engine.batch import generate_batch
+from specdec_cli.engine.loop import Drafter, generate
+from specdec_cli.runtime import decoder, head_screen
+from specdec_cli.runtime.head_screen import GreedyRows, HeadScreen
+
+from conftest import tiny_gemma3, tiny_llama
+
+pytestmark = pytest.mark.skipif(not head_screen._POINTWISE, reason="this torch has no oneDNN packed product")
+
+
+def peaked(seed: int, vocab: int = 4000, width: int = 64, rows: int = 64):
+    """A head whose rows' norms vary 10x and hidden rows that make peaked logits, as a trained model's do."""
+    gen = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(-1, 0, vocab)[torch.randperm(vocab, generator=gen)]
+    weight = torch.randn(vocab, width, generator=gen) * scales[:, None]
+    h = weight[torch.randint(0, vocab, (rows,), generator=gen)] * 4 + torch.randn(rows, width, generator=gen)
+    return weight, h
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_screened_tokens_are_the_float32_argmax(seed):
+    weight, h = peaked(seed)
+    screen = HeadScreen(weight)
+    settled = 0
+    for start in range(0, len(h), 8):  # 8 rows at a time: a row that is not settled sends only its forward back
+        rows = h[start:start + 8]
+        tokens = screen.tokens(rows)
+        if tokens is not None:
+            assert tokens.tolist() == F.linear(rows, weight).argmax(1).tolist()
+            settled += 1
+    assert settled >= 6 and screen.settled == settled
+
+
+def test_a_near_tie_is_left_to_the_float32_head():
+    weight, h = peaked(0, rows=4)
+    tied = weight.clone()
+    best = F.linear(h, weight).argmax(1)
+    tied[0] = tied[best[0]]  # an exact tie: the float32 argmax takes the lower index
+    assert HeadScreen(tied).tokens(h) is None
+    close = weight.clone()
+    close[0] = close[best[0]] * (1 + 2.0 ** -22)  # apart by less than float32's rounding of a 64-term sum
+    assert HeadScreen(close).tokens(h) is None
+
+
+def flipped_pair(seed: int = 0):
+    """A head of two rows and a hidden row where bfloat16 orders the two logits the other way round from float32:
+    ``(weight [2, 64], h [1, 64])``, row 0 the float32 argmax."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(10_000):
+        h = torch.randn(1, 64, generator=gen)
+        w = torch.randn(64, generator=gen)
+        weight = torch.stack([w + torch.randn(64, generator=gen) * 2.0 ** -9, w])
+        exact = F.linear(h, weight)[0]
+        rough = F.linear(h.bfloat16(), weight.bfloat16()).float()[0]
+        if exact[0] > exact[1] and rough[0] < rough[1]:
+            return weight, h
+    raise AssertionError("no flipped pair found")
+
+
+def test_a_bound_that_is_too_tight_is_caught(monkeypatch):
+    """The error bound is what makes the screen exact: where bfloat16 orders two tokens the other way round, the
+    screen settles on float32's token or on none; with the bound planted away it picks the wrong one."""
+    weight, h = flipped_pair()
+    got = HeadScreen(weight).tokens(h)
+    assert got is None or got.tolist() == [0]
+    broken = HeadScreen(weight)
+    broken.w_max = broken.dw_max = broken.g = 0.0  # a planted bug: the screen's values taken as exact
+    monkeypatch.setattr(head_screen, "ROUND16", 0.0)
+    assert broken.tokens(h).tolist() == [1]
+
+
+def test_the_screen_is_only_used_where_its_proof_holds(monkeypatch):
+    monkeypatch.setattr(head_screen, "ENABLED", True)
+    weight = torch.randn(32, 8)
+    assert head_screen.usable(weight, None)
+    assert not head_screen.usable(weight, 30.0)  # tanh soft-capping may round two logits to one value
+    assert not head_screen.usable(weight.bfloat16(), None)  # a 16-bit head is its own product
+    monkeypatch.setattr(head_screen, "ENABLED", False)
+    assert not head_screen.usable(weight, None)
+
+
+def test_greedy_rows_read_as_logits_do():
+    rows = GreedyRows(torch.tensor([3, 1, 4, 1, 5]))
+    parts = rows.float().split([2, 3])
+    assert [len(p) for p in parts] == [2, 3] and parts[1][0].argmax() == 4
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_a_greedy_batch_with_a_screened_head_is_its_own_ar_output(make, monkeypatch):
+    monkeypatch.setattr(head_screen, "ENABLED", True)
+    model = make(vocab=64)
+    with torch.no_grad():  # peaked logits, as a trained model's, so that the screen settles most forwards
+        model.lm_head.weight.mul_(4.0)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(64) for _ in range(n)] for n in (3, 9, 1, 6, 12)]
+    expected = [generate(model, p, Drafter(), max_new_tokens=16, seed=3).tokens for p in prompts]
+    results = generate_batch(model, prompts, [Drafter() for _ in range(3)], max_new_tokens=16, seed=3)
+    assert [r.tokens for r in results] == expected
+    screen = decoder.decoder_for(model).head_screen
+    assert screen is not None and screen.settled > 0
