@@ -70,14 +70,60 @@ def flipped_pair(seed: int = 0):
 
 def test_a_bound_that_is_too_tight_is_caught(monkeypatch):
     """The error bound is what makes the screen exact: where bfloat16 orders two tokens the other way round, the
-    screen settles on float32's token or on none; with the bound planted away it picks the wrong one."""
+    screen settles on float32's token or on none. With the bound planted away, its self-check (the token that set
+    the bound must pass it) still refuses the wrong token; without that check too, it picks it (planted in
+    head_screen.py, this test fails)."""
     weight, h = flipped_pair()
     got = HeadScreen(weight).tokens(h)
     assert got is None or got.tolist() == [0]
     broken = HeadScreen(weight)
     broken.w_max = broken.dw_max = broken.g = 0.0  # a planted bug: the screen's values taken as exact
     monkeypatch.setattr(head_screen, "ROUND16", 0.0)
-    assert broken.tokens(h).tolist() == [1]
+    got = broken.tokens(h)
+    assert got is None or got.tolist() == [0]
+
+
+def test_a_row_the_screen_cannot_settle_goes_back_to_the_float32_head(monkeypatch):
+    """More candidates than TOP (a flat row), a non-finite value, or values past the flush premise: no token."""
+    weight, h = peaked(2, rows=2)
+    screen = HeadScreen(weight)
+    assert screen.tokens(torch.zeros_like(h)) is None  # every logit 0: all 4000 tokens tie
+    assert screen.tokens(torch.full_like(h, float("nan"))) is None
+    assert screen.tokens(h * 2.0 ** 30) is None  # past LARGEST
+    monkeypatch.setattr(head_screen, "TOP", 2)
+    flat = weight[:3].repeat(10, 1) + torch.randn(30, weight.shape[1]) * 1e-3  # near-duplicates of three rows
+    assert HeadScreen(flat).tokens(flat[:1] * 3) is None
+
+
+def test_negative_logits_are_screened_exactly():
+    """Every logit below zero: the cut takes its other branch (``s + R |s|`` inverted for ``s < 0``)."""
+    weight, h = peaked(3, vocab=500, rows=16)
+    shift = float(F.linear(h, weight).max()) + 1.0
+    h2 = torch.cat([h, torch.ones(len(h), 1)], 1)  # one more input, always 1 ...
+    w2 = torch.cat([weight, torch.full((len(weight), 1), -shift)], 1)  # ... times -shift: every logit below 0
+    full = F.linear(h2, w2)
+    assert (full < 0).all()
+    screen = HeadScreen(w2)
+    for row in range(len(h2)):
+        got = screen.tokens(h2[row:row + 1])
+        assert got is None or got.tolist() == [int(full[row].argmax())]
+    assert screen.settled >= len(h2) // 2
+
+
+def test_the_screens_sums_stay_inside_their_bound_at_a_wide_row():
+    """At n = 2048 the bfloat16 product's error, checked in float64, stays within its rounding and float32 terms
+    (a kernel that rounded its partial sums to bfloat16 would not)."""
+    gen = torch.Generator().manual_seed(4)
+    n = 2048
+    weight = torch.randn(256, n, generator=gen)
+    h = torch.randn(8, n, generator=gen)
+    screen = HeadScreen(weight)
+    h16 = h.bfloat16()
+    got = torch.ops.mkldnn._linear_pointwise(h16, screen.packed, None, "none", [], "").double()
+    exact = h16.double() @ weight.bfloat16().double().T
+    room = head_screen.ROUND16 * got.abs() + 2 * screen.g * (h16.double().norm(dim=1, keepdim=True)
+                                                               * weight.bfloat16().double().norm(dim=1))
+    assert ((got - exact).abs() <= room).all()
 
 
 def test_the_screen_is_only_used_where_its_proof_holds(monkeypatch):

@@ -31,7 +31,8 @@ class Outcome:
     path: list[int]  # accepted draft node indices, root to leaf
     accepted: list[int]  # their tokens
     next_token: int  # token drawn by the target after the accepted ones (correction or bonus)
-    logits: torch.Tensor | None = None  # target logits [1 + n, V] of this step (row 0 = root)
+    logits: torch.Tensor | None = None  # target logits [1 + n, V] of this step (row 0 = root); a greedy batch's
+    # rows may hold only their argmaxes instead (runtime/head_screen.GreedyRows): read them with .argmax()
 
 
 class Drafter:

@@ -97,7 +97,8 @@ class Sequence:
 
     def settle(self, logits: torch.Tensor, sampling: SamplingConfig, stop_ids, max_new_tokens: int,
                verify_s: float, keep=None) -> tuple[list[int], list[int]]:
-        """Verify the draft against ``logits`` [1 + n, V] (row 0: the root); returns ``(rows, emitted)``: the
+        """Verify the draft against ``logits`` [1 + n, V] (row 0: the root; a greedy batch's rows may be only their
+        argmaxes, :class:`~specdec_cli.runtime.head_screen.GreedyRows`); returns ``(rows, emitted)``: the
         query rows the cache keeps (the root and the accepted path) and the tokens this step adds to the output.
         ``keep(rows)``, when given, trims the sequence's own cache before the drafter learns (a drafter may read
         the target's cache); a batch trims every row at once after all its sequences settled."""

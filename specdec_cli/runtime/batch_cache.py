@@ -207,7 +207,7 @@ class BatchCache(KVCache):
         return MIN_CAPACITY
 
     @torch.inference_mode()
-    def forward_rows(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    def forward_rows(self, model, drafts: list[tuple[list[int], list[int]]]) -> list:
         """One forward over every row, each at its own length (module doc); logits ``[len(tokens), V]`` per row
         (a greedy cache: their argmaxes, :class:`~specdec_cli.runtime.head_screen.GreedyRows`, where proven)."""
         if len(drafts) != self.rows:

@@ -94,9 +94,10 @@ class KVCache(Cache):
 
     # -- rows ---------------------------------------------------------------------------------------------------
 
-    def forward_rows(self, model, drafts: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    def forward_rows(self, model, drafts: list[tuple[list[int], list[int]]]) -> list:
         """One forward over every row: ``drafts[b] = (tokens, parents)`` -- row ``b``'s root followed by its draft
-        tree (``parents``: the draft nodes'). Returns float32 logits ``[len(tokens), V]`` per row."""
+        tree (``parents``: the draft nodes'). Returns float32 logits ``[len(tokens), V]`` per row (a greedy
+        ``BatchCache``: their argmaxes, :class:`~specdec_cli.runtime.head_screen.GreedyRows`, where proven)."""
         if len(drafts) != self.rows:
             raise ValueError(f"a forward takes one draft per row: {len(drafts)} for {self.rows} rows")
         (tokens, parents), = drafts

@@ -14,15 +14,17 @@ The proof, per row ``h`` (the final norm's output, float32) and token ``v`` (its
   most ``n`` roundings);
 * the screen ``S_v`` is ``h~ . w~_v`` (both rounded to bfloat16: exact products, float32 sums, so the same bound),
   then rounded to bfloat16 (at most ``2**-6 |S_v|``, even truncated). Since ``h.w = h~.w~ + dh.w + h~.dw``:
-  ``|L_v - S_v| <= |dh| |w_v| + |h~| |dw_v| + 2 g |h| |w_v| + 2**-6 |S_v|`` (Cauchy-Schwarz; ``|w_v|`` and
-  ``|dw_v|`` bounded by their largest rows, measured once);
+  ``|L_v - S_v| <= |dh| |w_v| + |h~| |dw_v| + g |h| |w_v| + 2 g |h~| |w~_v| + 2**-6 |S_v|`` (Cauchy-Schwarz;
+  ``|w_v|`` and ``|dw_v|`` bounded by their largest rows, measured once; the screen's sums counted at twice
+  float32's roundoff, so a kernel that rounds to odd is covered too);
 * so every token whose upper bound is below the top screened token's lower bound is not the argmax. The rest
   (1.6 on average over 378 greedy Gemma-3 steps of HumanEval, at most 13) get their exact ``h . w_v`` in float64
   (products of float32 numbers are exact there); the row's token is the one whose lower bound ``h.w_v - g
   sum|h_i w_vi|`` is above every other candidate's upper bound. Then it is the argmax of ``L`` whatever order the
   float32 kernel summed in. Otherwise -- a near-tie within float32 rounding (1 row in 378 there), more than
-  :data:`TOP` candidates, a non-finite value -- the caller computes the float32 head as before, so every output
-  is the one the float32 logits give.
+  :data:`TOP` candidates, a non-finite value, values outside the range where flushed denormals are negligible,
+  a bound the candidates contradict -- the caller computes the float32 head as before, so every output is the
+  one the float32 logits give.
 """
 
 from __future__ import annotations
@@ -32,13 +34,18 @@ import math
 
 import torch
 
+from .machine import available_bytes
+
+CHUNK = 16384  # head rows per slice when measuring the rounding's norms (Gemma-3: 16 slices of 40 MB)
 TOP = 16  # candidates read per row from the screen (top-k): 378 Gemma-3 rows needed at most 13
 U32 = 2.0 ** -24  # float32's unit roundoff
 ROUND16 = 2.0 ** -6  # the screen's rounding to bfloat16, relative to the rounded value: truncated at most 2**-7 of
 # the exact sum, so 2**-7 / (1 - 2**-7) < 2**-6 of the result (RNE: half of that)
 SLACK = 1.001  # the norms and the bound itself are computed in floating point: 0.1% more covers their rounding
 FLUSHED = 2.0 ** -100  # per term: the AVX512-BF16 product flushes denormal inputs and products (< 2**-126 times a
-# weight or an activation, both far below 2**26 in any model)
+# weight or an activation element, and the screen is used only while both are below LARGEST)
+LARGEST = 2.0 ** 26  # norms of the hidden rows and head rows (so every element) up to which FLUSHED covers a flush
+MEMORY_FACTOR = 4  # the screen is made only where 4x its packed copy is available (the copy and its transients)
 ENABLED = "auto"  # "auto": where the CPU multiplies bfloat16 natively; True/False: always/never (tests force it)
 _POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
@@ -63,6 +70,8 @@ def usable(weight: torch.Tensor, softcap) -> bool:
         return False
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return False
+    if available_bytes() < MEMORY_FACTOR * weight.numel() * 2:  # a bfloat16 copy is 2 bytes a weight
+        return False
     return ENABLED is True or native_bf16()
 
 
@@ -78,7 +87,8 @@ class HeadScreen:
         n = w.shape[1]
         self.g = n * U32 / (1 - n * U32)
         self.w_max = float(w.norm(dim=1).max()) * SLACK  # Gemma-3-270M: 1.035 (its rows are ~normalised)
-        self.dw_max = float((w - w16.float()).norm(dim=1).max()) * SLACK
+        self.dw_max = max(float((part - w16[i: i + len(part)].float()).norm(dim=1).max())  # in slices of rows:
+                          for i, part in zip(range(0, len(w), CHUNK), w.split(CHUNK))) * SLACK  # no 2nd copy
         self.flushed = n * FLUSHED
         self.settled = self.unsettled = 0  # forwards whose tokens the screen proved, and those it sent back
 
@@ -103,20 +113,27 @@ class HeadScreen:
         hn = h.double().norm(dim=1) * SLACK
         dn = (h - h16.float()).double().norm(dim=1) * SLACK
         hn16 = h16.double().norm(dim=1) * SLACK
+        if not (float(hn.max()) < LARGEST and self.w_max < LARGEST):
+            return None  # FLUSHED's premise
         rows = self.weight[idx].double()  # [R, TOP, n]
-        prods = h.double()[:, None, :] * rows
-        exact = prods.sum(-1)  # [R, TOP]: h . w_v (float64: the products exact, the sum to ~1e-16 relative)
-        err = self.g * SLACK * prods.abs().sum(-1) + self.flushed  # |L_v - h . w_v|
+        hd = h.double()[:, :, None]  # [R, n, 1]
+        # [R, TOP]: h . w_v in float64 (the products exact; the sum's error, n * 2**-53 * sum|p|, is SLACK's)
+        exact = torch.bmm(rows, hd)[..., 0]
+        err = self.g * SLACK * torch.bmm(rows.abs(), hd.abs())[..., 0] + self.flushed  # |L_v - h . w_v|
         hi, lo = exact + err, exact - err
         # max L >= the best lower bound among the screen's top tokens; a token whose screen value's upper bound is
         # below that is not the argmax. The error of every S_v but its own rounding term: dh.w + h~.dw + both
         # products' float32 sums
         lower = lo.max(dim=1).values
-        base = dn * self.w_max + hn16 * self.dw_max + self.g * (hn + hn16) * (self.w_max + self.dw_max) \
+        # (2 g for the screen's own sums: twice float32's roundoff; 2 flushed: the screen's flushes and the module's)
+        base = dn * self.w_max + hn16 * self.dw_max + self.g * (hn + 2 * hn16) * (self.w_max + self.dw_max) \
             + 2 * self.flushed
         y = lower - base  # S_v + ROUND16 |S_v| >= y for a token that may be the argmax: invert s + ROUND16 |s|
         cut = torch.where(y >= 0, y / (1 + ROUND16), y / (1 - ROUND16))
-        keep = top >= (cut - 1e-9 * cut.abs())[:, None]  # [R, TOP] (rounded down)
+        keep = top >= (cut - 1e-9 * cut.abs())[:, None]  # [R, TOP]; the cut lowered by far more than float64's
+        # rounding of it (2**-52 relative), so a rounding never excludes a token
+        if not bool(keep.gather(1, lo.argmax(1, keepdim=True)).all()):
+            return None  # the token that set the bound must pass it: otherwise the bound was broken
         if top.shape[1] < screen.shape[1] and bool(keep[:, -1].any()):
             return None  # more candidates than TOP: not screened
         hi = torch.where(keep, hi, -math.inf)

@@ -32,6 +32,7 @@ def supported(model) -> bool:
 
 
 def text_config(model):
+    """The config of ``model``'s text part (a multimodal config's ``get_text_config()``; else the config)."""
     return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
