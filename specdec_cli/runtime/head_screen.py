@@ -62,11 +62,24 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+@functools.lru_cache(maxsize=1)
+def works() -> bool:
+    """Whether oneDNN's packed bfloat16 product runs here at all (a CPU without AVX-512 may lack the primitive)."""
+    if not _POINTWISE:
+        return False
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 8, dtype=torch.bfloat16))
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=torch.bfloat16), w, None, "none", [], "")
+        return out.shape == (2, 4) and bool((out == 8).all())
+    except RuntimeError:
+        return False
+
+
 def usable(weight: torch.Tensor, softcap) -> bool:
     """Whether a head of this ``weight`` ``[V, n]`` may be screened: a float32 CPU weight, no logit soft-capping
     (``tanh`` may round two logits to one value, and the argmax then takes the lower index), oneDNN's packed
     product available, and the CPU fast at it (or :data:`ENABLED` forced)."""
-    if ENABLED is False or not _POINTWISE or softcap is not None:
+    if ENABLED is False or softcap is not None or not works():
         return False
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return False
