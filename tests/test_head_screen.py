@@ -155,3 +155,36 @@ def test_a_greedy_batch_with_a_screened_head_is_its_own_ar_output(make, monkeypa
     assert [r.tokens for r in results] == expected
     screen = decoder.decoder_for(model).head_screen
     assert screen is not None and screen.settled > 0
+
+
+class Chain(Drafter):
+    """A draft chain of the last three tokens repeated (a function of the tokens so far): sometimes accepted."""
+
+    name = "chain"
+
+    def propose(self, tokens, room):
+        from specdec_cli.engine.loop import Draft
+
+        chain = (tokens[-3:] * 3)[: min(room, 6)]
+        return Draft(chain, list(range(-1, len(chain) - 1)), scores=[0.5] * len(chain))
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_one_greedy_sequence_with_a_screened_head_is_the_float32_heads_output(make, monkeypatch):
+    """One sequence (the single loop's cache) reads the screened head too, when greedy: the same tokens and counts
+    as with the float32 head, and the screen settled its forwards."""
+    model = make(vocab=64)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    rng = random.Random(6)
+    prompts = [[rng.randrange(64) for _ in range(n)] for n in (2, 7, 11)]
+    runs = {}
+    for enabled in (False, True):
+        monkeypatch.setattr(head_screen, "ENABLED", enabled)
+        decoder._DECODERS.pop(model, None)  # a fresh decoder: its screen made again under this setting
+        runs[enabled] = [generate(model, p, drafter(), max_new_tokens=16, seed=3) for p in prompts
+                         for drafter in (Drafter, Chain)]
+    assert [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]
+    assert [len(r.steps) for r in runs[True]] == [len(r.steps) for r in runs[False]]
+    screen = decoder.decoder_for(model).head_screen
+    assert screen is not None and screen.settled > 0

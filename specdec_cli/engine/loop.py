@@ -46,6 +46,7 @@ def generate(target, prompt: list[int], drafter: Drafter | Drafters, *, max_new_
     drafters.open(1)
     t_start = time.perf_counter()
     cache = forward.new_cache(target, len(prompt) + max_new_tokens + CACHE_SLACK, cache_mode)
+    cache.greedy = sampling.greedy  # only argmaxes are read: the lean forward may screen the head (head_screen)
     cache.prefill_row(target, 0, list(prompt[:-1]))
     seq = Sequence(0, list(prompt), drafters, cache, torch.Generator().manual_seed(seed), Draws(seed), t_start,
                    tokens=list(prompt))

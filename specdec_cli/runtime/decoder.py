@@ -106,7 +106,8 @@ class Decoder:
                 real: torch.Tensor | None = None, greedy: bool = False) -> torch.Tensor | GreedyRows:
         """Logits ``[rows, V]`` (float32) for ``ids`` ``[n]`` at ``positions`` ``[n]`` after the cached prefix;
         ``mask``: None (one row, or rows that may see every visible entry) or the cache's 4-D additive mask (a
-        dict per layer type where full and sliding-window layers mix); ``keep``: the last rows to return.
+        dict per layer type where full and sliding-window layers mix); ``keep``: the last rows to return;
+        ``greedy``: only argmaxes are read, so the rows' tokens come back where :mod:`.head_screen` proves them.
 
         Batched (a :class:`~specdec_cli.runtime.batch_cache.BatchCache`, not a wide model): ``ids`` and
         ``positions`` ``[B, n]``, one row per sequence padded to the widest, the mask ``[B, 1, n, end]``, and
@@ -239,7 +240,8 @@ def run(cache, model, tokens: list[int], parents: list[int] | None, keep: int | 
     # read (one is), so their keys and values are bit for bit those of the same tokens verified or decoded one by one
     fed = (dec.wide or dec.fused is not None) and keep == 0 and not prefill
     with kernels.active(), any_order(prefill):
-        logits = dec.forward(cache, ids, pos, mask, 1 if fed else keep)
+        logits = dec.forward(cache, ids, pos, mask, 1 if fed else keep,
+                             greedy=bool(getattr(cache, "greedy", False)) and not fed and keep != 0)
     return logits[:0] if fed else logits
 
 
