@@ -157,7 +157,9 @@ def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode, exa
     tokens where the head's screen proves them (:mod:`specdec_cli.runtime.head_screen`: the float32 logits' own
     argmax, faster)."""
     if rows == 1:
-        return forward.new_cache(target, capacity, cache_mode)
+        cache = forward.new_cache(target, capacity, cache_mode)
+        cache.greedy = greedy  # as one sequence's (engine/loop.py)
+        return cache
     return BatchCache(target, rows, capacity, own_columns=not exact, greedy=greedy)
 
 

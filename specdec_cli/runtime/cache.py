@@ -42,6 +42,7 @@ class KVCache(Cache):
     mode: CacheMode
     max_draft_nodes: int | None = None  # the most draft nodes one forward takes (None: no limit)
     rows: int = 1  # sequences held (0 once the only one is dropped)
+    greedy: bool = False  # only the argmaxes of its forwards' logits are read (runtime/head_screen may give those)
     pending: list[int] | None = None  # each row's length before the last forward_rows (keep_paths cuts back to it)
 
     @property
