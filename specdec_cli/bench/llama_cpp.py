@@ -29,6 +29,7 @@ from ..engine.loop import cut_at_stop
 from ..errors import SpecdecError
 from ..io.atomic import new_build_dir, replace_dir
 from ..io.models import cache_root
+from ..runtime.machine import cpu_flags
 from .config import Generation, Runner
 
 VERSION = "0.3.36"  # the llama-cpp-python release scripts/install-llama-cpp.sh installs
@@ -133,11 +134,7 @@ def note(text: str) -> None:
 
 def has_amx() -> bool:
     """Whether this CPU reports AMX (Linux's flags): ggml then moves quantized weights into its AMX buffers."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return "amx_int8" in f.read(1 << 16).split()  # the first CPU's entry is well within 64 KiB
-    except OSError:
-        return False
+    return "amx_int8" in cpu_flags()
 
 
 @contextmanager

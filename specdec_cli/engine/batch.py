@@ -106,7 +106,7 @@ def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed,
     drafters.open(rows)
     chosen = drafters.cache_mode  # None: a drafter made outside api.make_drafter, "auto" as api.run reads it
     cache = new_batch_cache(target, rows, capacity, resolve("auto" if chosen is None else chosen, target),
-                            exact=not sampling.greedy, greedy=sampling.greedy)
+                            greedy=sampling.greedy)
     times = LearnedTimes(times, learn=sampling.greedy)
     share = BatchShare(times, rows if sampling.greedy else len(drafters))
     vocab, clock = vocab_size(target), forward.wall_clock(target)
@@ -146,21 +146,18 @@ def _decode(target, prompts, drafters: Drafters, max_new_tokens, sampling, seed,
     return results
 
 
-def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode, exact: bool = False,
-                    greedy: bool = False) -> KVCache:
+def new_batch_cache(target, rows: int, capacity: int, cache_mode: CacheMode, greedy: bool = False) -> KVCache:
     """The cache of a batch: one row is the one-sequence cache of the drafters' engine path (growing, or static and
     compiled: the path the single loop takes), several are a :class:`BatchCache` -- the loop asks either the same.
-    ``exact``: the rows attend with SDPA's bits, the module code's (sampled batches: a draw near a tie then never
-    moves with attention's rounding, whatever the batch size); greedy rows attend their own columns (faster; their
-    outputs are ``ar``'s, asserted) unless a draft model copying the target's keys and values asks for the module
-    code's (``KVCache.keep_module_bits``). ``greedy`` (only argmaxes are read): the forward returns the rows'
-    tokens where the head's screen proves them (:mod:`specdec_cli.runtime.head_screen`: the float32 logits' own
-    argmax, faster)."""
+    ``greedy`` (only argmaxes are read): the rows attend their own columns (faster; their outputs are ``ar``'s,
+    asserted) unless a draft model copying the target's keys and values asks for the module code's
+    (``KVCache.keep_module_bits``), and the forward returns the rows' tokens where the head's screen proves them
+    (:mod:`specdec_cli.runtime.head_screen`: the float32 logits' own argmax, faster). Sampled: the rows attend with
+    SDPA's bits, the module code's (a draw near a tie then never moves with attention's rounding, whatever the
+    batch size), and the float32 head gives whole distributions."""
     if rows == 1:
-        cache = forward.new_cache(target, capacity, cache_mode)
-        cache.greedy = greedy  # as one sequence's (engine/loop.py)
-        return cache
-    return BatchCache(target, rows, capacity, own_columns=not exact, greedy=greedy)
+        return forward.new_cache(target, capacity, cache_mode, greedy=greedy)
+    return BatchCache(target, rows, capacity, own_columns=greedy, greedy=greedy)
 
 
 def _compact(cache, slots: list) -> None:

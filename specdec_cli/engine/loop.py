@@ -45,8 +45,7 @@ def generate(target, prompt: list[int], drafter: Drafter | Drafters, *, max_new_
     drafters = Drafters.of(drafter)
     drafters.open(1)
     t_start = time.perf_counter()
-    cache = forward.new_cache(target, len(prompt) + max_new_tokens + CACHE_SLACK, cache_mode)
-    cache.greedy = sampling.greedy  # only argmaxes are read: the lean forward may screen the head (head_screen)
+    cache = forward.new_cache(target, len(prompt) + max_new_tokens + CACHE_SLACK, cache_mode, greedy=sampling.greedy)
     cache.prefill_row(target, 0, list(prompt[:-1]))
     seq = Sequence(0, list(prompt), drafters, cache, torch.Generator().manual_seed(seed), Draws(seed), t_start,
                    tokens=list(prompt))

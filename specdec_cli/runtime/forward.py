@@ -31,12 +31,17 @@ from .cache import KVCache
 
 
 def new_cache(model=None, capacity: int = kvcache.MIN_CAPACITY, cache_mode: CacheMode = CacheMode.EAGER,
-              slot: str = "target") -> KVCache:
+              slot: str = "target", greedy: bool = False) -> KVCache:
     """The KV cache for one generation: a growing one (:attr:`CacheMode.EAGER`), or the model's static cache with
-    bucketed forwards, eager (``STATIC``) or compiled (``COMPILED``) -- :mod:`specdec_cli.runtime.static_cache`."""
+    bucketed forwards, eager (``STATIC``) or compiled (``COMPILED``) -- :mod:`specdec_cli.runtime.static_cache`.
+    ``greedy``: only its forwards' argmaxes are read (the lean forward may then screen the head,
+    :mod:`specdec_cli.runtime.head_screen`)."""
     if not cache_mode.static or model is None:
-        return kvcache.new_cache(model, capacity)
-    return static_cache.cache_for(model, capacity, cache_mode, slot=slot)
+        cache = kvcache.new_cache(model, capacity)
+    else:
+        cache = static_cache.cache_for(model, capacity, cache_mode, slot=slot)
+    cache.greedy = greedy
+    return cache
 
 
 def cache_len(cache: KVCache) -> int:

@@ -35,7 +35,8 @@ import math
 
 import torch
 
-from .machine import available_bytes
+from .machine import available_bytes, cpu_flags
+from .products import _POINTWISE, mkldnn, pack
 
 CHUNK = 16384  # head rows per slice when measuring the rounding's norms (Gemma-3: 16 slices of 40 MB)
 TOP = 16  # candidates read per row from the screen (top-k): 378 Gemma-3 rows needed at most 13
@@ -48,29 +49,21 @@ FLUSHED = 2.0 ** -100  # per term: the AVX512-BF16 product flushes denormal inpu
 LARGEST = 2.0 ** 26  # norms of the hidden rows and head rows (so every element) up to which FLUSHED covers a flush
 MEMORY_FACTOR = 4  # the screen is made only where 4x its packed copy is available (the copy and its transients)
 ENABLED = "auto"  # "auto": where the CPU multiplies bfloat16 natively; True/False: always/never (tests force it)
-_POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-@functools.lru_cache(maxsize=1)
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), where the screen is ~2x the head's
     float32 speed; elsewhere it would be slower than the product it replaces."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = f.read(1 << 20)  # bounded: the flags are in the first CPU's block
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @functools.lru_cache(maxsize=1)
 def works() -> bool:
     """Whether oneDNN's packed bfloat16 product runs here at all (a CPU without AVX-512 may lack the primitive)."""
-    if not _POINTWISE:
+    if not _POINTWISE:  # the packed op itself (products.mkldnn's other route converts every call)
         return False
     try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 8, dtype=torch.bfloat16))
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=torch.bfloat16), w, None, "none", [], "")
+        out = mkldnn(torch.ones(2, 8, dtype=torch.bfloat16), pack("mkldnn", torch.ones(4, 8, dtype=torch.bfloat16)))
         return out.shape == (2, 4) and bool((out == 8).all())
     except RuntimeError:
         return False
@@ -96,7 +89,7 @@ class HeadScreen:
     def __init__(self, weight: torch.Tensor):
         w = weight.detach()
         w16 = w.to(torch.bfloat16)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w16)
+        self.packed = pack("mkldnn", w16)
         self.weight = w
         n = w.shape[1]
         self.g = n * U32 / (1 - n * U32)
@@ -119,7 +112,7 @@ class HeadScreen:
     @torch.inference_mode()
     def _tokens(self, h: torch.Tensor) -> torch.Tensor | None:
         h16 = h.to(torch.bfloat16)
-        screen = torch.ops.mkldnn._linear_pointwise(h16, self.packed, None, "none", [], "")  # [R, V] bfloat16
+        screen = mkldnn(h16, self.packed)  # [R, V] bfloat16
         top, idx = screen.topk(min(TOP, screen.shape[1]), dim=1)  # [R, TOP], sorted
         top = top.double()
         if not bool(torch.isfinite(top).all()):

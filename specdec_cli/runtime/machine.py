@@ -5,6 +5,7 @@ Everything here but :func:`set_threads` works without torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from pathlib import Path
@@ -19,6 +20,18 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux reports them (``/proc/cpuinfo``; empty elsewhere), read once."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            text = f.read(1 << 16)  # bounded: the first CPU's entry is well within 64 KiB
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
 
 
 def available_bytes() -> int:
