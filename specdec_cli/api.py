@@ -162,7 +162,8 @@ def make_drafter(method: str, target: LoadedModel, drafts: list[LoadedModel] = (
     if method == "ar":  # nothing to select or gate
         mode = PAPER_BUDGET
     cache_mode = resolve(compile, target.model)  # the budget prices drafts with the forward times of this path
-    times = profile.profile_for(target.model, progress=note, cache_mode=cache_mode) if mode.adaptive else None
+    times = profile.profile_for(target.model, progress=note, cache_mode=cache_mode,  # a greedy run's own path
+                                greedy=settings.sampling.greedy) if mode.adaptive else None
     drafter.budget = Budget(mode, times, gate=drafter.gated_by_budget, trust_scores=drafter.calibrated_scores,
                             cheap_probe=not drafter.probe_prefills)
     drafter.cache_mode = cache_mode

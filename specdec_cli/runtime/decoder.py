@@ -148,12 +148,21 @@ class Decoder:
                 return x.new_empty(0, self.vocab, dtype=torch.float32)
             x = x[:, -keep:]
         x = norm(x, self.final_norm)
-        if greedy and (screen := screen_for(self)) is not None and (tokens := screen.tokens(x[0])) is not None:
-            return GreedyRows(tokens)
+        if greedy and (screen := screen_for(self)) is not None:
+            tokens, settled = screen.rows(x[0])
+            if bool(settled.all()):
+                return GreedyRows(tokens)
+            if bool(settled.any()):  # the others' float32 logits when a reader reaches one of them
+                return GreedyRows(tokens, (~settled, lambda rows, h=x[0]: self._head_argmax(h[rows])))
         logits = self.lm_head(x)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits[0].float()
+
+    def _head_argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """The float32 head's argmax ``[R]`` of rows ``h`` ``[R, hidden]`` (after the final norm; no soft-capping:
+        a screened head has none)."""
+        return self.lm_head(h[None])[0].float().argmax(-1)
 
     def _attention(self, layer, cache_layer, h, rope, mask, exact: bool) -> torch.Tensor:
         """One layer's attention output ``[B, n, heads * hd]`` (keys and values appended to the cache): by SDPA, or

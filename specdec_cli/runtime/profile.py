@@ -40,6 +40,7 @@ POINTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 25, 32, 33, 64)
 STATIC_TOP = 32  # a static (GPU) path times points up to here only: its buckets beyond compile in the run if needed
 TWICE = 9  # sizes up to this one, where most drafts land, are timed twice (the best of two)
 CONTEXT = 128  # tokens already in the cache while timing (attention cost grows slowly with it)
+PERIOD = 32  # the timed text repeats a random block of this many tokens (see measure)
 PROFILE_VERSION = 4  # 4: + 33 and 64; 3: both ends of every plan bucket to 32; 2: 1-4, 6, 8, 16, 32
 
 
@@ -105,6 +106,15 @@ def model_key(model, extra: str = "") -> str:
     return h.hexdigest()[:24]
 
 
+def screened(model) -> bool:
+    """Whether a greedy forward of ``model`` reads its head through the bfloat16 screen (its lean path has one)."""
+    from .decoder import decoder_for
+    from .head_screen import screen_for
+
+    dec = decoder_for(model)
+    return dec is not None and dec.fused is None and not dec.wide and screen_for(dec) is not None
+
+
 def _path(key: str) -> Path:
     from ..io.models import cache_root
 
@@ -137,20 +147,33 @@ def _tree(n_draft: int) -> list[int]:
 
 
 @torch.inference_mode()
-def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode = CacheMode.EAGER) -> Profile:
+def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode = CacheMode.EAGER,
+            greedy: bool = False) -> Profile:
     """Forward times for ``points`` query sizes after ``context`` cached tokens, on the engine path ``cache_mode``
-    (with the static cache every size is timed as the bucket it pads to -- compiled ones compile here, once)."""
+    (with the static cache every size is timed as the bucket it pads to -- compiled ones compile here, once).
+    ``greedy``: on a greedy generation's cache, whose forwards may read the head through its screen
+    (:mod:`specdec_cli.runtime.head_screen`), as the run they price will."""
     from . import forward
+    from .decoder import decoder_for
+    from .head_screen import screen_for
 
     t_start = time.perf_counter()
     points = [n for n in points if not cache_mode.static or n <= STATIC_TOP] or list(points[:1])
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, vocab, (context + max(points) + 1,), generator=gen).tolist()
-    cache = forward.new_cache(model, context + max(points) + CACHE_SLACK, cache_mode)  # the widest timed forward fits
+    # a random block repeated: the model then predicts the next token with confidence, as in a real run, and a
+    # greedy forward's head screen settles its rows as it does there (on random text SmolLM2's rows are near-ties
+    # the screen leaves to the float32 head: a greedy profile would price the screen *and* the head, 10-20% above
+    # what real forwards cost). The products' and attention's costs do not depend on the tokens.
+    block = torch.randint(0, vocab, (PERIOD,), generator=gen).tolist()
+    ctx = (block * ((context + max(points)) // PERIOD + 2))[: context + max(points) + 1]
+    cache = forward.new_cache(model, context + max(points) + CACHE_SLACK, cache_mode,  # the widest timed forward fits
+                              greedy=greedy)
     forward.forward_chain(model, cache, ctx[:context], keep=0)
 
     clock = forward.wall_clock(model)
+    screen = screen_for(dec) if greedy and (dec := decoder_for(model)) is not None else None
+    settled0, unsettled0 = (screen.settled, screen.unsettled) if screen else (0, 0)
 
     def once(n: int) -> float:
         t0 = clock()
@@ -172,21 +195,28 @@ def measure(model, points=POINTS, context: int = CONTEXT, cache_mode: CacheMode 
             if rep == 0 or n <= TWICE:
                 best[n] = min(best[n], once(n))
     seconds = list(np.maximum.accumulate([best[n] for n in points]))  # more tokens never cost less (noise aside)
-    return Profile(list(points), seconds, measured_s=time.perf_counter() - t_start,
-                   info={"context": context, "threads": torch.get_num_threads()})
+    info = {"context": context, "threads": torch.get_num_threads(), "greedy": greedy}
+    if greedy:  # how many timed forwards the screen settled whole (the rest: some rows left to the float32 head)
+        info["screen_settled"] = [screen.settled - settled0, screen.unsettled - unsettled0] if screen else None
+    return Profile(list(points), seconds, measured_s=time.perf_counter() - t_start, info=info)
 
 
-def profile_for(model, extra: str = "", progress=None, cache_mode: CacheMode = CacheMode.EAGER) -> Profile:
+def profile_for(model, extra: str = "", progress=None, cache_mode: CacheMode = CacheMode.EAGER,
+                greedy: bool = False) -> Profile:
     """The cached profile of ``model`` on this machine, measured now if there is none. The key names a static
     path as ``|fast=static`` or ``|fast=compiled`` (the mode's value) and that every bucket is warmed first (profiles
-    timed before that are measured again); the eager path's key adds nothing."""
-    key = model_key(model, extra + (f"|fast={cache_mode.value}|warm=all" if cache_mode.static else ""))
+    timed before that are measured again); the eager path's key adds nothing. ``greedy``: the profile of a greedy
+    generation, which differs (``|greedy``) only where the model's head is screened: Gemma-3-270M's 1-row forward
+    costs a fifth less there, and a profile of the float32 head priced every greedy forward above its cost."""
+    greedy = greedy and screened(model)
+    key = model_key(model, extra + (f"|fast={cache_mode.value}|warm=all" if cache_mode.static else "")
+                    + ("|greedy" if greedy else ""))
     found = load(key)
     if found is not None:
         return found
     if progress:
         progress("measuring forward times on this machine (once per model and thread count)")
-    profile = measure(model, cache_mode=cache_mode)
+    profile = measure(model, cache_mode=cache_mode, greedy=greedy)
     profile.key = key
     save(profile)
     return profile
