@@ -136,6 +136,40 @@ def test_the_screen_is_only_used_where_its_proof_holds(monkeypatch):
     assert not head_screen.usable(weight, None)
 
 
+def test_rows_are_settled_one_by_one():
+    """A row the proof cannot settle (a tie, zeros, NaN, past LARGEST) is marked so; the others keep their tokens,
+    which are the float32 argmax."""
+    weight, h = peaked(3, rows=6)
+    tied = weight.clone()
+    best = F.linear(h, weight).argmax(1)
+    tied[0] = tied[best[1]]  # row 1 ties exactly; the other rows are clear
+    h = h.clone()
+    h[3], h[4], h[5] = 0.0, float("nan"), h[5] * 2.0 ** 30
+    screen = HeadScreen(tied)
+    ids, settled = screen.rows(h)
+    assert settled.tolist() == [True, False, True, False, False, False]
+    expected = F.linear(h, tied).argmax(1)
+    assert ids[settled].tolist() == expected[settled].tolist()
+    assert screen.unsettled == 1 and screen.rows_unsettled == 4 and screen.tokens(h) is None
+
+
+def test_unsettled_rows_are_computed_once_when_read():
+    """GreedyRows resolves its unsettled rows (all at once) only when a reader reaches one, through any split part."""
+    calls = []
+
+    def resolve(rows):
+        calls.append(rows.tolist())
+        return torch.tensor([70, 71])
+
+    rows = GreedyRows(torch.tensor([3, 1, 4, 1, 5]), (torch.tensor([False, True, False, False, True]), resolve))
+    first, second = rows.split([2, 3])
+    assert first[0].argmax() == 3 and second[1].argmax() == 1 and not calls  # settled rows: nothing computed
+    assert second[2].argmax() == 71 and first[1].argmax() == 70
+    assert calls == [[False, True, False, False, True]] and len(second) == 3
+    with pytest.raises(IndexError):
+        first[2]
+
+
 def test_greedy_rows_read_as_logits_do():
     rows = GreedyRows(torch.tensor([3, 1, 4, 1, 5]))
     parts = rows.float().split([2, 3])
@@ -188,3 +222,54 @@ def test_one_greedy_sequence_with_a_screened_head_is_the_float32_heads_output(ma
     assert [len(r.steps) for r in runs[True]] == [len(r.steps) for r in runs[False]]
     screen = decoder.decoder_for(model).head_screen
     assert screen is not None and screen.settled > 0
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_rows_the_screen_leaves_are_the_float32_heads(make, monkeypatch):
+    """Every other row of every screened forward marked unsettled (its id garbage): the tokens read from those rows
+    come from the float32 head, so one sequence and a batch are still the float32 head's outputs."""
+    model = make(vocab=64)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    real = HeadScreen._tokens
+
+    def every_other(self, h):
+        ids, ok = real(self, h)
+        ok, ids = ok.clone(), ids.clone()
+        ok[1::2] = False
+        ids[~ok] = 63  # wrong unless the float32 head replaces it
+        return ids, ok
+
+    rng = random.Random(7)
+    prompts = [[rng.randrange(64) for _ in range(n)] for n in (2, 7, 11)]
+    runs = {}
+    for enabled in (False, True):
+        monkeypatch.setattr(head_screen, "ENABLED", enabled)
+        monkeypatch.setattr(HeadScreen, "_tokens", every_other)
+        decoder._DECODERS.pop(model, None)
+        one = [generate(model, p, drafter(), max_new_tokens=16, seed=3) for p in prompts for drafter in (Drafter, Chain)]
+        batch = generate_batch(model, prompts, [Chain() for _ in range(2)], max_new_tokens=16, seed=3)
+        runs[enabled] = [r.tokens for r in one + batch], [len(r.steps) for r in one]
+    assert runs[True] == runs[False]
+    screen = decoder.decoder_for(model).head_screen
+    assert screen is not None and screen.rows_unsettled > 0
+
+
+def test_a_greedy_profile_times_the_screened_head(monkeypatch, tmp_path):
+    """A greedy run's profile is its own (``|greedy``) only where the head is screened, and it is timed on forwards
+    the screen settles (the repeated block), as a real run's are."""
+    from specdec_cli.runtime import profile
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    model = tiny_llama(vocab=64)
+    monkeypatch.setattr(head_screen, "ENABLED", False)
+    decoder._DECODERS.pop(model, None)
+    plain = profile.profile_for(model)
+    assert profile.profile_for(model, greedy=True).key == plain.key  # no screen: the same curve
+    monkeypatch.setattr(head_screen, "ENABLED", True)
+    decoder._DECODERS.pop(model, None)
+    greedy = profile.profile_for(model, greedy=True)
+    assert greedy.key != plain.key and greedy.info["greedy"]
+    settled, unsettled = greedy.info["screen_settled"]
+    assert settled > unsettled
+    assert profile.profile_for(model, greedy=True).measured_s == greedy.measured_s  # cached
