@@ -1,7 +1,7 @@
 """Greedy rows' next tokens from the LM head without its whole float32 product: a bfloat16 screen whose error is
 bounded, then the few tokens it cannot rule out in float64. The token is the argmax of the float32 logits the
-module code computes, proven per row; a row the proof cannot settle (a near-tie) sends the forward back to the
-float32 head.
+module code computes, proven per row; a row the proof cannot settle (a near-tie) is left to the float32 head, which
+computes it (with every other such row of the forward) only when a reader reaches it (:class:`GreedyRows`).
 
 Why (docs/profiling.md, "Where Gemma-3's step at 32 rows goes"): a greedy batch of 32 Gemma-3 rows spends 36 ms of
 its 77 ms step in the 262,144 x 640 head, at the two cores' float32 limit, and every row reads only the head's
@@ -24,8 +24,8 @@ The proof, per row ``h`` (the final norm's output, float32) and token ``v`` (its
   sum|h_i w_vi|`` is above every other candidate's upper bound. Then it is the argmax of ``L`` whatever order the
   float32 kernel summed in. Otherwise -- a near-tie within float32 rounding (1 row in 378 there), more than
   :data:`TOP` candidates, a non-finite value, values outside the range where flushed denormals are negligible,
-  a bound the candidates contradict -- the caller computes the float32 head as before, so every output is the
-  one the float32 logits give.
+  a bound the candidates contradict -- that row's token comes from the float32 head, so every output is the
+  one the float32 logits give. A forward none of whose rows settles computes the float32 head at once.
 """
 
 from __future__ import annotations
