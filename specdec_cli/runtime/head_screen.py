@@ -31,6 +31,7 @@ The proof, per row ``h`` (the final norm's output, float32) and token ``v`` (its
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
@@ -162,15 +163,14 @@ class GreedyRows:
     (:func:`specdec_cli.engine.sampling.pick` when greedy): ``rows[i].argmax()`` is row ``i``'s token.
 
     Rows the screen did not settle are computed when first read, all of them by one float32 head product
-    (``pending``: their mask and the function that gives their float32 argmaxes): a tree's rows are read only
-    along the path the target accepts, and a rejected branch's row -- often one with no clear next token, where the
-    proof fails -- then costs nothing. Before, one such row sent the whole forward to the float32 head: SmolLM2's
-    8-row forwards of real one-sequence runs settled 14 in 22."""
+    (``pending``: their mask ``[N]`` and the function that gives their float32 argmaxes): a tree's rows are read
+    only along the path the target accepts, so a rejected branch's row -- often one with no clear next token, where
+    the proof fails -- then costs nothing. Before, one such row sent the whole forward to the float32 head."""
 
     def __init__(self, ids: torch.Tensor, pending: tuple[torch.Tensor, object] | None = None, start: int = 0,
                  length: int | None = None):
-        self.ids = ids  # [N] every row's token where settled (shared by the parts of a split)
-        self.pending = [pending] if pending is not None and not isinstance(pending, list) else pending
+        self.ids = ids  # [N] every row's token where settled; the parts of a split share it and ``pending``
+        self.pending = pending
         self.start = start
         self.length = len(ids) - start if length is None else length
 
@@ -181,15 +181,15 @@ class GreedyRows:
         if not 0 <= i < self.length:
             raise IndexError(i)
         j = self.start + i
-        if self.pending and self.pending[0] is not None and bool(self.pending[0][0][j]):
-            unsettled, resolve = self.pending[0]
-            with torch.inference_mode():  # ids is an inference tensor (made in the forward)
+        if self.pending is not None and bool(self.pending[0][j]):
+            unsettled, resolve = self.pending
+            with torch.inference_mode():  # ids and the mask are inference tensors (made in the forward)
                 self.ids[unsettled] = resolve(unsettled)  # every unsettled row at once: one pass over the head
-            self.pending[0] = None  # (the list is shared by the parts of a split)
+                unsettled.zero_()  # resolved, for every part of a split
         return _Token(int(self.ids[j]))
 
     def split(self, sizes: list[int]) -> list["GreedyRows"]:
-        starts = [self.start + sum(sizes[:k]) for k in range(len(sizes))]
+        starts = itertools.accumulate(sizes[:-1], initial=self.start)
         return [GreedyRows(self.ids, self.pending, s, n) for s, n in zip(starts, sizes)]
 
     def float(self) -> "GreedyRows":
