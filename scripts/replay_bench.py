@@ -6,10 +6,13 @@ modelled speedup over `ar`: the machine's measured forward times t(n) of every s
     PYTHONPATH=. python scripts/replay_bench.py docs/results/ar-outputs/ar-smollm2-135m-wide.json.gz \
         [--profile docs/results/ar-outputs/profile-quiet-smollm2-135m.json] [--methods auto,pld,ngram-trie]
         [--price docs/results/ar-outputs/profile-xeon-points16-smollm2-135m.json]
-        [--opt key=value ...] [--by-category] [--json]
+        [--opt key=value ...] [--by-category] [--json] [--row-price F]
 
 ``--profile`` is what the budgets decide with; ``--price`` (default: the same) what each step is then charged: a
 budget deciding with an older profile than the machine's real curve (docs/profiling.md, "Where t(n) jumps").
+``--row-price F`` replaces both with a straight line through the profile's one-row time, ``t(n) = t(1) * (1 + F *
+(n - 1))``: what the methods would do on a machine where one more verification row costs ``F`` of a step (this
+CPU: about 0.055 for SmolLM2; a GPU at these sizes: nearly 0; docs/benchmarks.md, "What a verification row costs").
 
 Like bench: one drafter per method for the whole set (what it learns carries over), a warm-up of 8 tokens on
 the first prompt first. The modelled time leaves out the per-step bookkeeping and the prefill, so the modelled
@@ -60,6 +63,12 @@ def run_method(data: dict, method: str, options: dict, clock: str, times: dict |
     return out
 
 
+def straight(times: dict, row_price: float) -> dict:
+    """``times``' points priced on a straight line from its one-row time: ``t(n) = t(1) * (1 + row_price * (n-1))``."""
+    one = Profile(times["points"], times["seconds"])(1)
+    return {"points": list(times["points"]), "seconds": [one * (1 + row_price * (n - 1)) for n in times["points"]]}
+
+
 def summary(gens: list[dict], ar_s: float) -> dict:
     tokens = sum(g["new_tokens"] for g in gens)
     seconds = sum(g["seconds"] for g in gens)
@@ -92,13 +101,19 @@ def main() -> None:
                         "forward times instead of the ones recorded with the outputs")
     parser.add_argument("--price", default=None, help="a JSON file {points, seconds}: charge each step these forward "
                         "times (default: --profile's), while the budgets still decide with --profile's")
+    parser.add_argument("--row-price", type=float, default=None, help="price every method's steps at t(n) = t(1) * "
+                        "(1 + F * (n - 1)), F >= 0, with t(1) from --profile (or the outputs' own)")
     args = parser.parse_args()
+    if args.row_price is not None and not (math.isfinite(args.row_price) and args.row_price >= 0):
+        parser.error("--row-price must be a finite number >= 0")
     options = dict(o.split("=", 1) for o in args.opt)
     report = []
     for path in args.outputs:
         data = load_outputs(path)
         times = json.loads(Path(args.profile).read_text()) if args.profile else None
         price = json.loads(Path(args.price).read_text()) if args.price else None
+        if args.row_price is not None:
+            times, price = straight(times or data["profile"], args.row_price), None
         results = {m: run_method(data, m, options, args.clock, times, price) for m in ["ar"] + args.methods.split(",")}
         groups = {"all": None}
         if args.by_category:

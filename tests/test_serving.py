@@ -250,3 +250,58 @@ def test_the_context_chain_follows_a_copied_edit_with_the_cursor(seed):
     pld_steps, _ = trajectory(pld_fn(prompt), prompt, answer)
     assert any(source == "context" and bucket >= 6 for source, bucket in drafter.calibration.cells)
     assert engine.forwards <= pld_steps
+
+
+def test_the_context_offers_the_cursors_copy_and_the_other_occurrences_beside_it():
+    """While the cursor copies one occurrence, the context also offers the other occurrences of the tail (in
+    calibration buckets of their own), and the drafter sends whichever pays: a copy that goes wrong (a completion
+    that leaves the prompt's text) does not hide the occurrence that goes on."""
+    from specdec_cli.drafting.ngram_index import NgramIndex
+    from specdec_cli.drafting.sources import bucket_of
+    from specdec_cli.serving.chain_sources import BESIDE_CURSOR
+    from specdec_cli.serving.chains import SeqState
+
+    # "7 8 9 1 2 3" twice, followed by 4 and by 5; the sequence ends in "7 8"
+    prompt = [20, 7, 8, 9, 1, 2, 3, 4, 21, 7, 8, 9, 1, 2, 3, 5, 22, 7, 8]
+    index = NgramIndex(range(1, 9), max_positions=16)
+    index.extend(prompt)
+    seq, source = SeqState(index, len(prompt)), ContextChains()
+    first = source.offers(seq, index.tokens, 6)
+    # not copying yet; a 2-token match reaches 4 tokens (REACH = 2 tokens a token of evidence)
+    assert [(o.bucket, o.tokens) for o in first] == [(bucket_of(2), [9, 1, 2, 3])]
+    index.extend([9, 1, 2])  # the engine accepted the most recent occurrence's first tokens: the cursor copies it
+    cursor, other = source.offers(seq, index.tokens, 6)
+    assert cursor.bucket >= 6 and cursor.tokens == [3, 5, 22, 7, 8, 9]
+    assert other.bucket == bucket_of(5) + BESIDE_CURSOR and other.tokens == [3, 4, 21, 7, 8, 9]
+    # the drafter calibrates both, sends one, and counts its source once where the two chains agree
+    drafter = ChainDrafter([ContextChains()])
+    drafter.begin(0, prompt)
+    drafter.draft([0], [6])
+    drafter.advance(0, [9, 1, 2])
+    (chain,) = drafter.draft([0], [6])
+    assert chain and chain[0] == 3
+    assert all(names == ("context",) for names in drafter.seqs[0].sent_by)
+
+
+def test_a_matched_chain_reaches_as_far_as_its_evidence():
+    """SuffixDecoding's spec factor: a chain after an n-token tail match goes at most REACH * n tokens (the
+    context's and the memory's); the cursor's copy of the occurrence it located goes as far as asked."""
+    from specdec_cli.drafting.ngram_index import NgramIndex
+    from specdec_cli.serving.chain_sources import REACH, reach
+    from specdec_cli.serving.chains import SeqState
+
+    assert reach(16, 1) == int(REACH) and reach(16, 0) == 1 and reach(3, 100) == 3
+    body = list(range(100, 140))
+    prompt = [1, 2, *body, 3, 1, 2]  # the tail "1 2" matched 2 tokens: the 40 tokens after it are offered 4 deep
+    index = NgramIndex(range(1, 9), max_positions=16)
+    index.extend(prompt)
+    seq, source = SeqState(index, len(prompt)), ContextChains()
+    (offer,) = source.offers(seq, index.tokens, 16)
+    assert offer.tokens == body[: reach(16, 2)]
+    index.extend(body[:4])  # accepted: the cursor copies that occurrence now
+    offer = source.offers(seq, index.tokens, 16)[0]
+    assert offer.bucket >= 6 and offer.tokens == body[4: 20]
+    memory = OutputMemory(10_000)
+    memory.remember([7], [5, 6, *body])
+    (chain,) = [o.tokens for o in MemoryChains(memory).offers(seq, [9, 5, 6], 16)]
+    assert chain == body[: reach(16, 2)]

@@ -9,7 +9,7 @@ opened datastores, adapted tri-gram rows, the calibration and the step-cost mode
     drafts = drafter.draft(seqs, limits)  # one call for every running sequence: one chain each
     drafter.end(seq)                      # finished: its output joins the memory
 
-Every source offers one chain per sequence (:mod:`.chain_sources`); estimates are calibrated per (source,
+Every source offers a chain or two per sequence (:mod:`.chain_sources`); estimates are calibrated per (source,
 match-length bucket) from what the engine accepted -- of every source's chain, sent or not, as far as the
 verified tokens reach. A node two sources agree on takes the better estimate. Each sequence gets the chain and
 length that maximise expected accepted tokens minus their price: a token is sent while the probability that it
@@ -72,7 +72,8 @@ def choose(offers: list[Offer], threshold: float) -> tuple[list[int], list[tuple
     if best < 0:
         return [], []
     chain = offers[best].tokens[:best_len]
-    by = [tuple(q.source for q, shared in zip(offers, agree[best]) if shared > j) for j in range(best_len)]
+    by = [tuple(dict.fromkeys(q.source for q, shared in zip(offers, agree[best]) if shared > j))  # a source once,
+          for j in range(best_len)]  # though two of its chains agree
     return chain, by
 
 
@@ -196,11 +197,11 @@ class ChainDrafter:
                 row["gated_steps"] += 1
                 continue
             t0 = time.perf_counter()
-            offer = source.offer(st, tokens, limit)
+            offers = source.offers(st, tokens, limit)
             row["last_s"] = time.perf_counter() - t0
             row["draft_s"] += row["last_s"]
             row["steps"] += 1
-            if offer is not None:
+            for offer in offers:
                 row["offered"] += len(offer.tokens)
                 out.append(offer)
         return out
