@@ -7,7 +7,9 @@ and arctic-inference's ``SuffixDecodingCache`` with the calls and defaults vLLM'
 (tree depth 24, spec factor 1.0, min token prob 0.1). Each step is charged ``a + b * T`` for ``T`` computed tokens,
 vLLM's CPU step measured in the peers runs (Gemma-3: a = 33.5 ms, b = 3.4 ms; SmolLM2: 20.8 and 2.8), and
 specdec's proposer learns its step cost from those same charges. As in `bench`, the first prompt warms up first
-(8 tokens), 128 new tokens, 16 draft tokens at most (the `auto` method's window on vLLM).
+(8 tokens) and specdec's proposer then forgets what it learnt (`SpecdecProposer.mark`: its memory, calibration,
+step cost and gates; SuffixDecoding keeps its cache, as on vLLM); 128 new tokens, 16 draft tokens at most (the
+`auto` method's window on vLLM).
 
     python scripts/replay_vllm.py MODEL A_MS B_MS [SETS...]     (needs arctic-inference: scripts/install-vllm.sh)
 """
@@ -15,6 +17,7 @@ specdec's proposer learns its step cost from those same charges. As in `bench`, 
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import math
@@ -58,11 +61,19 @@ def replay_set(rows: list[dict], stop: set, propose, cost) -> tuple[float, float
 
 def specdec(vocab_size: int, a: float, b: float):
     drafter = build_drafter(read_settings(), vocab_size)
+    mark = []
 
     def propose(k, row, out, new, limit):
         if limit is None:
             drafter.end(k)
+            if k == 0:  # the warm-up ends: back to what the drafter knew before it (bench's back_to_mark)
+                (drafter.calibration, drafter.cost, drafter.gates), memory = mark
+                drafter.pending = {}
+                drafter.memory.load_state(memory)
             return []
+        if out == 0 and k == 0:
+            mark.append(copy.deepcopy((drafter.calibration, drafter.cost, drafter.gates)))
+            mark.append(drafter.memory.state())
         if out == 0:
             drafter.begin(k, row["prompt"])
             return []  # the prefill step drafts nothing
@@ -107,6 +118,10 @@ def main() -> None:
     parser.add_argument("b_ms", type=float)
     parser.add_argument("sets", nargs="*", default=SETS)
     args = parser.parse_args()
+    try:
+        import arctic_inference  # noqa: F401 - before the first set, not after its specdec half
+    except ImportError:
+        parser.error("needs arctic-inference (SuffixDecoding): bash scripts/install-vllm.sh")
     a, b = args.a_ms / 1e3, args.b_ms / 1e3
     print("| set | specdec's proposer tok/s (acc. len, sent) | SuffixDecoding tok/s (acc. len, sent) | ratio |")
     print("|---|---|---|---|")

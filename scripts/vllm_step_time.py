@@ -18,7 +18,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 KS = [0, 1, 2, 4, 6, 8, 12, 16]
 SETTINGS = Path(os.environ.get("TMPDIR", "/tmp")) / "specdec-step-time.json"  # k and mode, read every step
-NEVER = 3  # a control token: never the target's greedy choice in running text
+NEVER = 3  # a draft token the target should not choose: a control token in both models' vocabularies (SmolLM2:
+# <repo_name>; Gemma-3: <unk>); were it ever accepted, a step would only emit more, the time is what counts
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
 
@@ -56,7 +57,8 @@ def main() -> None:
     prompt = api.encode_prompt(text, PROMPT)
     SETTINGS.write_text(json.dumps({"k": 0, "accept": False, "sequence": []}))
     engine = api.vllm_engine("auto", text, EngineOptions(threads=1))
-    first = engine.generate([prompt], 200, SamplingConfig())[0]  # the greedy continuation, for --accept
+    first = engine.generate([prompt], 200, SamplingConfig())[0]  # the greedy continuation, for --accept: 128
+    # tokens and the longest draft (16) past them, with room to spare
     best: dict[int, float] = {}
     for _ in range(2):
         for k in KS:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specdec_cli.drafting.ngram_index import NgramIndex
 from specdec_cli.drafting.output_memory import OutputMemory
-from specdec_cli.serving.chain_sources import ContextChains, MemoryChains, best_chain, rows_chain
-from specdec_cli.serving.chains import ChainDrafter, choose, common_prefix
+from specdec_cli.drafting.sources import bucket_of
+from specdec_cli.serving.chain_sources import BESIDE_CURSOR, REACH, ContextChains, MemoryChains, best_chain, reach, \
+    rows_chain
+from specdec_cli.serving.chains import ChainDrafter, SeqState, choose, common_prefix
 from specdec_cli.serving.chain_sources import Offer
 from specdec_cli.serving.pricing import StepCost
 from specdec_cli.serving.rows import RowTracker
@@ -254,12 +257,8 @@ def test_the_context_chain_follows_a_copied_edit_with_the_cursor(seed):
 
 def test_the_context_offers_the_cursors_copy_and_the_other_occurrences_beside_it():
     """While the cursor copies one occurrence, the context also offers the other occurrences of the tail (in
-    calibration buckets of their own), and the drafter sends whichever pays: a copy that goes wrong (a completion
-    that leaves the prompt's text) does not hide the occurrence that goes on."""
-    from specdec_cli.drafting.ngram_index import NgramIndex
-    from specdec_cli.drafting.sources import bucket_of
-    from specdec_cli.serving.chain_sources import BESIDE_CURSOR
-    from specdec_cli.serving.chains import SeqState
+    calibration buckets of their own), so a copy that goes wrong (a completion that leaves the prompt's text) does
+    not hide the occurrence that goes on; the drafter calibrates both and sends one."""
 
     # "7 8 9 1 2 3" twice, followed by 4 and by 5; the sequence ends in "7 8"
     prompt = [20, 7, 8, 9, 1, 2, 3, 4, 21, 7, 8, 9, 1, 2, 3, 5, 22, 7, 8]
@@ -286,10 +285,6 @@ def test_the_context_offers_the_cursors_copy_and_the_other_occurrences_beside_it
 def test_a_matched_chain_reaches_as_far_as_its_evidence():
     """SuffixDecoding's spec factor: a chain after an n-token tail match goes at most REACH * n tokens (the
     context's and the memory's); the cursor's copy of the occurrence it located goes as far as asked."""
-    from specdec_cli.drafting.ngram_index import NgramIndex
-    from specdec_cli.serving.chain_sources import REACH, reach
-    from specdec_cli.serving.chains import SeqState
-
     assert reach(16, 1) == int(REACH) and reach(16, 0) == 1 and reach(3, 100) == 3
     body = list(range(100, 140))
     prompt = [1, 2, *body, 3, 1, 2]  # the tail "1 2" matched 2 tokens: the 40 tokens after it are offered 4 deep

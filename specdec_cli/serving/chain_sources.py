@@ -1,4 +1,4 @@
-"""The sources a :class:`~specdec_cli.serving.chains.ChainDrafter` drafts from, each offering one chain per
+"""The sources a :class:`~specdec_cli.serving.chains.ChainDrafter` drafts from, each offering a chain or two per
 sequence and step: ``auto``'s cheap sources, reshaped for engines that verify chains (vLLM's proposer interface).
 
 * :class:`ContextChains` -- the sequence's own prompt and output (its :class:`NgramIndex`, per sequence);
@@ -27,10 +27,10 @@ CONTEXT_ROWS = 16  # occurrences of the context's longest tail read per lookup (
 CONTEXT_LONGEST = 8  # longest tail n-gram the copy cursor resynchronises on (auto's max_ngram)
 MEMORY_ROWS = 32  # ... of the memory's (auto's MemorySource)
 REACH = 2.0  # a chain drawn from tail matches goes at most this many tokens per matched token (SuffixDecoding's
-# max_spec_factor); the cursor's copy of a located occurrence is not cut. Replayed against SuffixDecoding at vLLM's
-# step cost (scripts/replay_vllm.py, five tuning sets): 0.961 -> 0.979 on SmolLM2, 1.021 -> 1.036 on Gemma-3;
-# uncapped, the calibration trusted the deep end of long chains after short matches too much. Cutting the cursor's
-# copy too read the same (0.985, 1.030) but cost steps on edits (tests/test_serving.py)
+# max_spec_factor); the cursor's copy of a located occurrence is not cut. Replayed against SuffixDecoding
+# (scripts/replay_vllm.py, docs/vllm.md): uncut, the calibration trusted the deep end of long chains after short
+# matches too much. Cutting the cursor's copy too gained on SmolLM2 and lost on Gemma-3 by about as much, and cost
+# steps on edits (tests/test_serving.py)
 BESIDE_CURSOR = 10  # calibration buckets of the other occurrences while the cursor copies: bucket_of(n) + this
 # (0-5 are bucket_of's, 6-9 cursor_bucket's)
 STORE_MATCHES = 256  # suffix-array matches sampled per lookup (auto's SuffixArraySource)
@@ -126,14 +126,15 @@ class ContextChains(ChainSource):
     of their own, :data:`BESIDE_CURSOR`: in cells shared with the occurrences read where nothing is copied, an
     exploratory replay gained about 1% less on both models), and the drafter sends the one whose calibrated
     prefix pays best. Offering the cursor's chain alone while it copied lost where a cursor's copy goes wrong
-    (HumanEval: a completion copies the prompt's signature, then writes code of its own); with both, replayed
-    against the recorded greedy outputs at vLLM's step cost on this CPU (``scripts/replay_vllm.py``,
-    docs/vllm.md), the accepted length rose from 2.33 to 2.65 (SmolLM2, HumanEval) and the proposer's modelled
-    speed against SuffixDecoding from 0.952x to 0.962x (SmolLM2, six sets) and 1.006x to 1.022x (Gemma-3)."""
+    (HumanEval: a completion copies the prompt's signature, then writes code of its own; replayed against the
+    recorded greedy outputs, ``scripts/replay_vllm.py``, docs/vllm.md). :meth:`offer` is the first of them."""
 
     name = "context"
     gated = False  # the request's own text costs ~0.07 ms a step; one gate shared by every sequence closed it for
     # all of them after a run of chats (619 of 1063 steps in a 12-prompt bench), edits included
+
+    def offer(self, seq, tokens, length):
+        return next(iter(self.offers(seq, tokens, length)), None)
 
     def offers(self, seq, tokens, length):
         if seq.cursor is None:

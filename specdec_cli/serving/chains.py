@@ -41,7 +41,7 @@ CONTEXT_POSITIONS = 16  # occurrences of an n-gram walked per lookup (auto's Con
 class SeqState:
     index: NgramIndex  # the sequence's tokens (``index.tokens``) and their n-grams
     prompt_len: int
-    offers: list[Offer] = field(default_factory=list)  # last step's chains, one per source
+    offers: list[Offer] = field(default_factory=list)  # last step's chains, one or two per source
     sent: list[int] = field(default_factory=list)  # the chain the engine verifies
     sent_by: list[tuple[str, ...]] = field(default_factory=list)  # per sent token: the sources that offered it
     cursor: object = None  # the context's CopyCursor (made by ContextChains on the first offer)
@@ -149,11 +149,11 @@ class ChainDrafter:
             self._row(name)["accepted_only"] += total
         self.sent += len(st.sent)
         self.accepted += accepted
-        for o in st.offers:
-            gate = self.gates.get(o.source)
+        for name in dict.fromkeys(o.source for o in st.offers):  # a source once, however many chains it offered
+            gate = self.gates.get(name)
             if gate is not None:
-                cost = self._row(o.source)["last_s"] + self.cost.per_token * only_sent.get(o.source, 0)
-                gate.record(only_accepted.get(o.source, 0), cost, self.cost.value)
+                cost = self._row(name)["last_s"] + self.cost.per_token * only_sent.get(name, 0)
+                gate.record(only_accepted.get(name, 0), cost, self.cost.value)
 
     def _row(self, name: str) -> dict:
         row = self.totals.get(name)
@@ -201,7 +201,7 @@ class ChainDrafter:
             row["last_s"] = time.perf_counter() - t0
             row["draft_s"] += row["last_s"]
             row["steps"] += 1
-            for offer in offers:
+            for offer in offers:  # "offered": the tokens of every chain (two chains' shared prefix twice)
                 row["offered"] += len(offer.tokens)
                 out.append(offer)
         return out
