@@ -28,6 +28,12 @@ def peaked(seed: int, vocab: int = 4000, width: int = 64, rows: int = 64):
     return weight, h
 
 
+def proven(screen: HeadScreen, h: torch.Tensor) -> torch.Tensor | None:
+    """The screen's tokens for every row of ``h``, or None where the proof left any row to the float32 head."""
+    ids, settled = screen.rows(h)
+    return ids if bool(settled.all()) else None
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_screened_tokens_are_the_float32_argmax(seed):
     weight, h = peaked(seed)
@@ -35,7 +41,7 @@ def test_screened_tokens_are_the_float32_argmax(seed):
     settled = 0
     for start in range(0, len(h), 8):  # 8 rows at a time: a row that is not settled sends only its forward back
         rows = h[start:start + 8]
-        tokens = screen.tokens(rows)
+        tokens = proven(screen, rows)
         if tokens is not None:
             assert tokens.tolist() == F.linear(rows, weight).argmax(1).tolist()
             settled += 1
@@ -47,10 +53,10 @@ def test_a_near_tie_is_left_to_the_float32_head():
     tied = weight.clone()
     best = F.linear(h, weight).argmax(1)
     tied[0] = tied[best[0]]  # an exact tie: the float32 argmax takes the lower index
-    assert HeadScreen(tied).tokens(h) is None
+    assert proven(HeadScreen(tied), h) is None
     close = weight.clone()
     close[0] = close[best[0]] * (1 + 2.0 ** -22)  # apart by less than float32's rounding of a 64-term sum
-    assert HeadScreen(close).tokens(h) is None
+    assert proven(HeadScreen(close), h) is None
 
 
 def flipped_pair(seed: int = 0):
@@ -74,12 +80,12 @@ def test_a_bound_that_is_too_tight_is_caught(monkeypatch):
     the bound must pass it) still refuses the wrong token; without that check too, it picks it (planted in
     head_screen.py, this test fails)."""
     weight, h = flipped_pair()
-    got = HeadScreen(weight).tokens(h)
+    got = proven(HeadScreen(weight), h)
     assert got is None or got.tolist() == [0]
     broken = HeadScreen(weight)
     broken.w_max = broken.dw_max = broken.g = 0.0  # a planted bug: the screen's values taken as exact
     monkeypatch.setattr(head_screen, "ROUND16", 0.0)
-    got = broken.tokens(h)
+    got = proven(broken, h)
     assert got is None or got.tolist() == [0]
 
 
@@ -87,12 +93,12 @@ def test_a_row_the_screen_cannot_settle_goes_back_to_the_float32_head(monkeypatc
     """More candidates than TOP (a flat row), a non-finite value, or values past the flush premise: no token."""
     weight, h = peaked(2, rows=2)
     screen = HeadScreen(weight)
-    assert screen.tokens(torch.zeros_like(h)) is None  # every logit 0: all 4000 tokens tie
-    assert screen.tokens(torch.full_like(h, float("nan"))) is None
-    assert screen.tokens(h * 2.0 ** 30) is None  # past LARGEST
+    assert proven(screen, torch.zeros_like(h)) is None  # every logit 0: all 4000 tokens tie
+    assert proven(screen, torch.full_like(h, float("nan"))) is None
+    assert proven(screen, h * 2.0 ** 30) is None  # past LARGEST
     monkeypatch.setattr(head_screen, "TOP", 2)
     flat = weight[:3].repeat(10, 1) + torch.randn(30, weight.shape[1]) * 1e-3  # near-duplicates of three rows
-    assert HeadScreen(flat).tokens(flat[:1] * 3) is None
+    assert proven(HeadScreen(flat), flat[:1] * 3) is None
 
 
 def test_negative_logits_are_screened_exactly():
@@ -105,7 +111,7 @@ def test_negative_logits_are_screened_exactly():
     assert (full < 0).all()
     screen = HeadScreen(w2)
     for row in range(len(h2)):
-        got = screen.tokens(h2[row:row + 1])
+        got = proven(screen, h2[row:row + 1])
         assert got is None or got.tolist() == [int(full[row].argmax())]
     assert screen.settled >= len(h2) // 2
 
@@ -150,7 +156,7 @@ def test_rows_are_settled_one_by_one():
     assert settled.tolist() == [True, False, True, False, False, False]
     expected = F.linear(h, tied).argmax(1)
     assert ids[settled].tolist() == expected[settled].tolist()
-    assert screen.unsettled == 1 and screen.rows_unsettled == 4 and screen.tokens(h) is None
+    assert screen.unsettled == 1 and screen.rows_unsettled == 4 and proven(screen, h) is None
 
 
 def test_unsettled_rows_are_computed_once_when_read():

@@ -101,15 +101,10 @@ class HeadScreen:
         self.settled = self.unsettled = 0  # forwards whose tokens the screen proved, and those it did not all prove
         self.rows_unsettled = 0  # the rows of those it left to the float32 head
 
-    def tokens(self, h: torch.Tensor) -> torch.Tensor | None:
-        """The argmax of the float32 logits ``h @ weight.T`` for each row of ``h`` ``[R, n]`` (float32) -> ``[R]``
-        (long), or None where any row is not settled by the proof (module doc)."""
-        ids, settled = self.rows(h)
-        return ids if bool(settled.all()) else None
-
     def rows(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's token ``[R]`` (long) and whether the proof settled it ``[R]`` (bool): an unsettled row's id
-        is meaningless, and its reader computes that row's float32 logits (:class:`GreedyRows`)."""
+        """The argmax of the float32 logits ``h @ weight.T`` for each row of ``h`` ``[R, n]`` (float32) -> ``[R]``
+        (long), and whether the proof settled it ``[R]`` (bool; module doc): an unsettled row's id is meaningless,
+        and its reader computes that row's float32 logits (:class:`GreedyRows`)."""
         ids, settled = self._tokens(h)
         if bool(settled.all()):
             self.settled += 1
