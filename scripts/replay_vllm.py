@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
-import json
 import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from replay_bench import load_outputs  # noqa: E402
 from specdec_cli.serving.chains import common_prefix  # noqa: E402
 from specdec_cli.serving.proposer import build_drafter, read_settings  # noqa: E402
 
@@ -122,13 +121,17 @@ def main() -> None:
         import arctic_inference  # noqa: F401 - before the first set, not after its specdec half
     except ImportError:
         parser.error("needs arctic-inference (SuffixDecoding): bash scripts/install-vllm.sh")
+    missing = [name for name in args.sets if not (OUTPUTS / f"ar-{args.model}-{name}.json.gz").is_file()]
+    if missing:
+        parser.error(f"no recorded ar outputs for {args.model} on {', '.join(missing)} in {OUTPUTS}")
+    if not (args.a_ms > 0 and args.b_ms >= 0):
+        parser.error("A_MS must be > 0 and B_MS >= 0")
     a, b = args.a_ms / 1e3, args.b_ms / 1e3
     print("| set | specdec's proposer tok/s (acc. len, sent) | SuffixDecoding tok/s (acc. len, sent) | ratio |")
     print("|---|---|---|---|")
     ratios = []
     for name in args.sets:
-        with gzip.open(OUTPUTS / f"ar-{args.model}-{name}.json.gz", "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load_outputs(OUTPUTS / f"ar-{args.model}-{name}.json.gz")
         stop = set(data["stop_ids"])
         ours = replay_set(data["rows"], stop, *specdec(data["vocab_size"], a, b))
         theirs = replay_set(data["rows"], stop, *suffix(a, b))
