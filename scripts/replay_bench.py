@@ -106,6 +106,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.row_price is not None and not (math.isfinite(args.row_price) and args.row_price >= 0):
         parser.error("--row-price must be a finite number >= 0")
+    missing = [p for p in args.outputs + [args.profile, args.price] if p and not Path(p).is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
     options = dict(o.split("=", 1) for o in args.opt)
     report = []
     for path in args.outputs:

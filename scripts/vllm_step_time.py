@@ -10,6 +10,7 @@ microseconds.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -43,17 +44,25 @@ class FixedProposer:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--accept", action="store_true", help="draft the known greedy continuation (all accepted)")
+    args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     import specdec_cli.serving.vllm_engine as engine_module
     from specdec_cli import api
     from specdec_cli.config import SamplingConfig
+    from specdec_cli.errors import SpecdecError
     from specdec_cli.serving.vllm_engine import EngineOptions
 
-    model, accept = sys.argv[1], "--accept" in sys.argv[2:]
+    model, accept = args.model, args.accept
     engine_module.SPEC["auto"] = {"method": "custom_class", "model": "vllm_step_time.FixedProposer",
                                   "num_speculative_tokens": max(KS)}
-    text = api.load_text(model)
+    try:
+        text = api.load_text(model)
+    except SpecdecError as err:
+        parser.error(str(err))
     prompt = api.encode_prompt(text, PROMPT)
     SETTINGS.write_text(json.dumps({"k": 0, "accept": False, "sequence": []}))
     engine = api.vllm_engine("auto", text, EngineOptions(threads=1))
